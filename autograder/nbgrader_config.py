@@ -1,0 +1,33 @@
+"""nbgrader configuration of the course. `python -m autograder` runs nbgrader with this file.
+
+The course root is the repository: `solutions/` is nbgrader's source directory and `exercises/`
+its release directory. Everything grading writes (submissions copied in, autograded notebooks,
+feedback, the gradebook) lives in a workspace, `grading/` unless FACOURSE_WORKSPACE says otherwise.
+"""
+import os
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (provided by traitlets when nbgrader loads this file)
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKSPACE = Path(os.environ.get("FACOURSE_WORKSPACE", ROOT / "grading")).resolve()
+
+c.CourseDirectory.root = str(ROOT)
+c.CourseDirectory.course_id = "flashattention"
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = os.environ.get("FACOURSE_RELEASE", "exercises")
+c.CourseDirectory.submitted_directory = os.environ.get("FACOURSE_SUBMITTED", str(WORKSPACE / "submitted"))
+c.CourseDirectory.autograded_directory = str(WORKSPACE / "autograded")
+c.CourseDirectory.feedback_directory = str(WORKSPACE / "feedback")
+c.CourseDirectory.db_url = f"sqlite:///{WORKSPACE / 'gradebook.db'}"
+# Files of an assignment folder that never go to students (build outputs, solution ladders).
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.so", "build",
+                            "ladder", "*.egg-info"]
+
+# One cell may run the Triton interpreter over the CPU profile: allow minutes, not nbgrader's 30 s.
+c.Execute.timeout = int(os.environ.get("FACOURSE_CELL_TIMEOUT", "600"))
+c.Execute.interrupt_on_timeout = True
+# A student who deletes a graded cell gets it back (and its test runs) instead of a crash.
+c.OverwriteCells.add_missing_cells = True
+c.ClearSolutions.code_stub = {"python": "raise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"

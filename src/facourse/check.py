@@ -1,0 +1,359 @@
+"""The one correctness check of the course (DESIGN.md, "Correctness rule").
+
+A result passes when all hold:
+  1. it is finite where the reference is defined, and -inf/0 exactly where a row sees no key;
+  2. max|o - ref| <= 2 · max|o_torch - ref| + 1e-3, with o_torch PyTorch's attention in the
+     same dtype (no worse than twice the framework's own rounding);
+  3. max|o - ref| / max|ref| < 1e-2;
+  4. it is not degenerate (not ≈ 0, not ≈ mean of V), and every element was written: new
+     allocations made during the call are filled with NaN, so an unwritten element shows.
+A failure raises :class:`AttentionCheckError` (an ``AssertionError``) whose message names the
+configuration, the wrong rows and heads, and the most likely cause.
+"""
+from __future__ import annotations
+
+import contextlib
+import secrets
+from dataclasses import dataclass, field
+
+import torch
+
+from .configs import AttnConfig, get_config, make_inputs
+from .reference import default_scale, reference_attention, torch_attention
+
+ABS_SLACK = 1e-3
+REL_LIMIT = 1e-2
+
+
+class AttentionCheckError(AssertionError):
+    """A result that breaks the correctness rule. The message teaches what went wrong."""
+
+
+@dataclass
+class CheckReport:
+    config: str
+    max_abs_err: float
+    allowed_abs_err: float
+    rel_err: float
+    torch_abs_err: float
+    lse_max_err: float | None = None
+    seed: int | None = None
+    notes: list = field(default_factory=list)
+
+    def summary(self) -> str:
+        lse = "" if self.lse_max_err is None else f", lse err {self.lse_max_err:.2e}"
+        return (f"[{self.config}] passed: max|o-ref| {self.max_abs_err:.2e} "
+                f"(allowed {self.allowed_abs_err:.2e}), relative {self.rel_err:.2e}{lse}")
+
+
+# ----------------------------------------------------------------------------- allocations
+_EMPTY_FNS = ("empty", "empty_like", "empty_strided")
+
+
+@contextlib.contextmanager
+def nan_filled_allocations(device=None):
+    """Inside this block, ``torch.empty*`` and ``Tensor.new_empty`` return NaN-filled tensors and
+    the CUDA caching allocator hands out NaN-filled memory, so an element a kernel forgets to
+    write reads NaN instead of a lucky zero."""
+    originals = {name: getattr(torch, name) for name in _EMPTY_FNS}
+    orig_new_empty = torch.Tensor.new_empty
+
+    def poison(t):
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+            t.fill_(float("nan"))
+        return t
+
+    def wrap(fn):
+        def inner(*args, **kwargs):
+            return poison(fn(*args, **kwargs))
+        return inner
+
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda":
+        # Fill a large free block with NaN and hand it back to the caching allocator.
+        free = torch.cuda.mem_get_info(dev)[0]
+        n = int(min(free * 0.25, 1 << 30)) // 2
+        if n > 0:
+            blob = torch.empty(n, dtype=torch.float16, device=dev)
+            blob.fill_(float("nan"))
+            del blob
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, wrap(fn))
+        torch.Tensor.new_empty = wrap(orig_new_empty)
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+        torch.Tensor.new_empty = orig_new_empty
+
+
+# ----------------------------------------------------------------------------- helpers
+def _max_abs(x: torch.Tensor) -> float:
+    return float(x.abs().max()) if x.numel() else 0.0
+
+
+def _ranges(idx: list[int], limit: int = 6) -> str:
+    """[0,1,2,5,7,8] -> '0-2, 5, 7-8'."""
+    if not idx:
+        return "none"
+    out, start, prev = [], idx[0], idx[0]
+    for i in idx[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    more = "" if len(out) <= limit else f", … ({len(out) - limit} more ranges)"
+    return ", ".join(out[:limit]) + more
+
+
+def _fmt_rows(bad_rows: torch.Tensor, Sq: int) -> str:
+    rows = torch.nonzero(bad_rows.any(dim=(0, 1))).flatten().tolist()
+    heads = torch.nonzero(bad_rows.any(dim=(0, 2))).flatten().tolist()
+    batches = torch.nonzero(bad_rows.any(dim=(1, 2))).flatten().tolist()
+    H = bad_rows.shape[1]
+    return (f"query rows {_ranges(rows)} ({len(rows)} of {Sq}); "
+            f"heads {'all ' + str(H) if len(heads) == H else _ranges(heads)}; "
+            f"batches {_ranges(batches)}")
+
+
+# ----------------------------------------------------------------------------- diagnosis
+def _variants(q, k, v, causal, scale):
+    """Outputs of common mistakes, to name the likely cause of a wrong result."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    s = default_scale(D, scale)
+    out = []
+    if causal and Sq != Skv:
+        out.append(("top-left causal alignment: you masked j > i (PyTorch's is_causal). This course "
+                    "aligns causal masks bottom-right: key j is visible to query i iff "
+                    "j <= i + (Skv - Sq), as a prefill against a KV cache needs",
+                    lambda: reference_attention(q, k, v, True, s, align="top_left")[0]))
+    if causal:
+        out.append(("the causal mask is missing: every query sees every key",
+                    lambda: reference_attention(q, k, v, False, s)[0]))
+    else:
+        out.append(("a causal mask was applied to a non-causal call",
+                    lambda: reference_attention(q, k, v, True, s)[0]))
+    if Hkv > 1 and Hq != Hkv:
+        out.append((f"query head h reads KV head h % Hkv; with GQA it must read h // (Hq // Hkv) "
+                    f"= h // {Hq // Hkv}",
+                    lambda: reference_attention(q, k, v, causal, s,
+                                                head_map=torch.arange(Hq) % Hkv)[0]))
+    out.append(("the softmax scale is missing: multiply Q Kᵀ by scale (default 1/sqrt(D))",
+                lambda: reference_attention(q, k, v, causal, 1.0)[0]))
+    if scale is not None:
+        out.append(("the scale argument was ignored: 1/sqrt(D) was used instead",
+                    lambda: reference_attention(q, k, v, causal, None)[0]))
+    out.append(("the scale is applied twice", lambda: reference_attention(q, k, v, causal, s * s)[0]))
+    return out
+
+
+def _diagnose(o, ref, q, k, v, causal, scale, tol, bad_rows, cfg_name) -> str:
+    o64 = o.to(torch.float64)
+    if _max_abs(o64) <= 1e-6:
+        return "the output is all zeros: was the result written back, and normalised by l?"
+    Hq, Hkv = q.shape[1], k.shape[1]
+    idx = torch.arange(Hq).to(q.device) // (Hq // Hkv)
+    mean_v = v.to(torch.float64).index_select(1, idx).mean(dim=2, keepdim=True).expand_as(ref)
+    if _max_abs(o64 - mean_v) <= tol:
+        return ("the output is the mean of V: every key got the same weight. Are the scores "
+                "computed from Q Kᵀ, and is the softmax taken over the key dimension (dim=-1)?")
+    for cause, fn in _variants(q, k, v, causal, scale):
+        try:
+            alt = fn()
+        except Exception:  # a variant that cannot be formed says nothing
+            continue
+        if _max_abs(o64 - alt) <= tol:
+            return cause
+    rows = torch.nonzero(bad_rows.any(dim=(0, 1))).flatten().tolist()
+    Sq = q.shape[2]
+    if rows and rows[0] > 0 and rows == list(range(rows[0], rows[-1] + 1)) and rows[-1] == Sq - 1:
+        return (f"rows 0-{rows[0] - 1} are right and every row from {rows[0]} on is wrong: a block "
+                "boundary? Check that the loop over tiles covers all of them, and that the "
+                "accumulator is rescaled by alpha = exp(m_old - m_new) when the running max changes")
+    if get_overflow_hint(q, k, scale):
+        return ("the logits here are in the hundreds, where fp16 keeps only about 3 significant "
+                "digits: compute S = scale * Q K^T and the softmax in float32 (as tensor-core "
+                "kernels accumulate), subtracting the row max before exp()")
+    good_rows = Sq - len(rows)
+    if 0 < good_rows and len(rows) < Sq:
+        return ("only some rows are wrong: look at the boundaries of your tiles (masks for the last, "
+                "partial tile; the diagonal tile of a causal mask) and at the running max and sum")
+    return ("every row is wrong: check the scores (Q Kᵀ times scale), the softmax over keys "
+            "(dim=-1), the normalisation by the row sum, and the final P V")
+
+
+# ----------------------------------------------------------------------------- the check
+def check_attention(o, q, k, v, causal: bool = False, scale=None, lse=None, *,
+                    config: str = "custom", seed: int | None = None) -> CheckReport:
+    """Check ``o`` (and ``lse`` if given) computed from q, k, v against the reference.
+
+    Raises :class:`AttentionCheckError` with a teaching message; returns a report otherwise.
+    """
+    tag = f"[{config}]" + ("" if seed is None else f" (seed {seed})")
+    B, Hq, Sq, D = q.shape
+    Skv = k.shape[2]
+    if not isinstance(o, torch.Tensor):
+        raise AttentionCheckError(f"{tag} the output must be a torch.Tensor, got {type(o).__name__}")
+    if tuple(o.shape) != tuple(q.shape):
+        raise AttentionCheckError(f"{tag} the output has shape {tuple(o.shape)}; it must have q's shape "
+                                  f"{tuple(q.shape)} = [B, Hq, Sq, D]")
+    if o.dtype != q.dtype:
+        raise AttentionCheckError(f"{tag} the output has dtype {o.dtype}; it must have q's dtype {q.dtype}")
+    if o.device != q.device:
+        raise AttentionCheckError(f"{tag} the output is on {o.device}; it must stay on {q.device}")
+
+    ref, ref_lse = reference_attention(q, k, v, causal, scale)
+    empty = torch.isneginf(ref_lse)                       # [B, Hq, Sq]: rows with no visible key
+    o64 = o.detach().to(torch.float64)
+
+    # Rule 1: finite everywhere; rows with no visible key are exactly zero.
+    nonfinite = ~torch.isfinite(o64).all(dim=-1)
+    if nonfinite.any():
+        where = _fmt_rows(nonfinite, Sq)
+        if empty.any() and bool((nonfinite & ~empty).sum() == 0):
+            cause = ("these rows see no key (Sq > Skv with bottom-right causal): their output must be "
+                     "0 and their lse -inf. Guard the division by l (l == 0) and the exp(m_old - m_new) "
+                     "of a row whose max is still -inf")
+        elif get_overflow_hint(q, k, scale):
+            cause = ("the logits here are in the hundreds: exp() overflows unless you subtract the "
+                     "row max before exponentiating (safe softmax)")
+        else:
+            cause = ("either these elements were never written (the check fills new allocations with "
+                     "NaN: does your grid or loop cover every row and every column of D?) or the "
+                     "softmax produced inf/inf or 0/0")
+        raise AttentionCheckError(f"{tag} NaN or inf in the output at {where}.\n  likely cause: {cause}")
+    if empty.any():
+        leak = (o64.abs().amax(dim=-1) > 0) & empty
+        if leak.any():
+            raise AttentionCheckError(
+                f"{tag} rows that see no key must be exactly 0, but {_fmt_rows(leak, Sq)} are not.\n"
+                "  likely cause: with Sq > Skv the first Sq - Skv rows are fully masked; write zeros "
+                "there (and lse = -inf) instead of a softmax over nothing")
+
+    # Rules 2 and 3: within twice PyTorch's own rounding, and 1% relative.
+    o_torch = torch_attention(q, k, v, causal, scale).to(torch.float64)
+    torch_err = _max_abs(o_torch - ref)
+    allowed = 2.0 * torch_err + ABS_SLACK
+    err = o64 - ref
+    max_err = _max_abs(err)
+    ref_max = max(_max_abs(ref), 1e-30)
+    rel = max_err / ref_max
+    if max_err > allowed or rel >= REL_LIMIT:
+        row_err = err.abs().amax(dim=-1)                  # [B, Hq, Sq]
+        bad_rows = row_err > allowed
+        flat = int(torch.argmax(err.abs()))
+        b, h, i, d = (int(x) for x in torch.unravel_index(torch.tensor(flat), err.shape))
+        cause = _diagnose(o, ref, q, k, v, causal, scale, allowed, bad_rows, config)
+        raise AttentionCheckError(
+            f"{tag} wrong values: max|o - ref| = {max_err:.3g}, allowed {allowed:.3g} "
+            f"(twice PyTorch's own {str(q.dtype).replace('torch.', '')} error {torch_err:.2g}, "
+            f"plus {ABS_SLACK:g}); relative {rel:.3g} (must be < {REL_LIMIT:g}).\n"
+            f"  wrong at {_fmt_rows(bad_rows, Sq)}\n"
+            f"  worst element: b={b}, h={h}, row={i}, d={d}: got {float(o64[b, h, i, d]):.4g}, "
+            f"expected {float(ref[b, h, i, d]):.4g}\n"
+            f"  likely cause: {cause}")
+
+    # Rule 4: not degenerate. With the inputs make_inputs draws, the reference is neither ≈ 0 nor
+    # ≈ mean(V); a result within tolerance of the reference is therefore neither. Guard the premise.
+    if ref_max < 10 * allowed:
+        raise AttentionCheckError(f"{tag} the inputs are degenerate (max|ref| = {ref_max:.3g}); "
+                                  "draw them with facourse.make_inputs")
+
+    report = CheckReport(config, max_err, allowed, rel, torch_err, seed=seed)
+
+    if lse is not None:
+        report.lse_max_err = _check_lse(lse, ref_lse, q, tag)
+    return report
+
+
+def get_overflow_hint(q, k, scale) -> bool:
+    """True when the logits are large (std above 10): exp() of them overflows fp16 and fp32."""
+    s = default_scale(q.shape[-1], scale)
+    std = float(q.detach().float().std()) * float(k.detach().float().std()) * q.shape[-1] ** 0.5 * s
+    return std > 10.0
+
+
+def _check_lse(lse, ref_lse, q, tag) -> float:
+    B, Hq, Sq, _ = q.shape
+    if not isinstance(lse, torch.Tensor):
+        raise AttentionCheckError(f"{tag} lse must be a torch.Tensor, got {type(lse).__name__}")
+    if tuple(lse.shape) != (B, Hq, Sq):
+        raise AttentionCheckError(f"{tag} lse has shape {tuple(lse.shape)}; it must be [B, Hq, Sq] = "
+                                  f"{(B, Hq, Sq)}")
+    if lse.dtype != torch.float32:
+        raise AttentionCheckError(f"{tag} lse has dtype {lse.dtype}; it must be float32")
+    lse64 = lse.detach().to(torch.float64)
+    ref64 = ref_lse.to(torch.float64)
+    empty = torch.isneginf(ref64)
+    wrong_inf = torch.isneginf(lse64) != empty
+    if wrong_inf.any() or torch.isnan(lse64).any() or torch.isposinf(lse64).any():
+        bad = wrong_inf | torch.isnan(lse64) | torch.isposinf(lse64)
+        raise AttentionCheckError(
+            f"{tag} lse is not finite exactly where a row sees at least one key: wrong at "
+            f"{_fmt_rows(bad, Sq)}.\n  likely cause: lse = m + log(l) must be -inf only for rows "
+            "with no visible key, and never NaN")
+    fin = ~empty
+    diff = (lse64 - ref64).abs().masked_fill(~fin, 0.0)
+    tol = (2e-2 if q.dtype in (torch.float16, torch.bfloat16) else 1e-4) * (1 + ref64.abs().masked_fill(~fin, 0.0))
+    if (diff > tol).any():
+        bad = diff > tol
+        worst = float(diff.max())
+        ratio_ln2 = ""
+        d2 = (lse64 * 0.6931471805599453 - ref64).abs().masked_fill(~fin, 0.0)
+        if float(d2.max()) < worst / 10:
+            ratio_ln2 = (" It matches the reference divided by ln 2: lse must be a natural log; "
+                         "convert from base 2 (multiply by ln 2)")
+        raise AttentionCheckError(
+            f"{tag} lse is off by up to {worst:.3g} at {_fmt_rows(bad, Sq)}.\n  likely cause: lse_i "
+            f"= m_i + log(l_i) with m_i the scaled row max and l_i the row sum of exp(S - m_i).{ratio_ln2}")
+    return float(diff.max())
+
+
+def _normalise(result, expect_lse: bool, tag: str):
+    if isinstance(result, (tuple, list)):
+        if len(result) != 2:
+            raise AttentionCheckError(f"{tag} the function returned {len(result)} values; expected (o, lse)")
+        o, lse = result
+        return o, (lse if expect_lse else None)
+    if expect_lse:
+        raise AttentionCheckError(f"{tag} the function returned one tensor; this step's entry point "
+                                  "returns a pair (o, lse)")
+    return result, None
+
+
+def check_entry_point(fn, config: str | AttnConfig = "small", *, seed: int | None = None,
+                      device=None, dtype=None, layout: str = "bshd", expect_lse: bool = False,
+                      scale=None, verbose: bool = True) -> CheckReport:
+    """Draw inputs for ``config``, call ``fn(q, k, v, causal=..., scale=...)`` and check the result.
+
+    ``config`` is a name (sized for the device: full size on a GPU, the CPU profile otherwise), or
+    an :class:`AttnConfig`. A fresh seed is drawn when none is given. Raises
+    :class:`AttentionCheckError` on failure, and also when ``fn`` modifies its inputs.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = config if isinstance(config, AttnConfig) else get_config(config, device)
+    seed = secrets.randbits(31) if seed is None else seed
+    q, k, v = make_inputs(cfg, seed, device, dtype, layout)
+    tag = f"[{cfg.name}]"
+    copies = [t.clone() for t in (q, k, v)]
+    kwargs = {"causal": cfg.causal}
+    if scale is not None:
+        kwargs["scale"] = scale
+    with nan_filled_allocations(device):
+        result = fn(q, k, v, **kwargs)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    for name, t, c in zip("qkv", (q, k, v), copies):
+        if not torch.equal(t, c):
+            raise AttentionCheckError(f"{tag} {name} was modified by the call: an attention function "
+                                      "must leave its inputs untouched")
+    o, lse = _normalise(result, expect_lse, tag)
+    report = check_attention(o, q, k, v, cfg.causal, scale, lse, config=cfg.describe(), seed=seed)
+    if verbose:
+        print(report.summary())
+    return report

@@ -1,0 +1,154 @@
+"""The five test configurations, the CPU profile, the edge cases, and seeded inputs.
+
+Every step of the course is checked on the same shapes. ``make_inputs`` draws q, k, v from a
+seed; with ``layout="bshd"`` they are strided views of ``[B, S, H, D]`` storage, as the hidden
+tests pass them, so kernels that assume contiguity fail where they should.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    name: str
+    B: int
+    Hq: int
+    Hkv: int
+    Sq: int
+    Skv: int
+    D: int
+    causal: bool
+    logit_scale: float = 1.0  # > 1 makes the logits large enough to overflow an unsafe softmax
+    graded_perf: bool = False
+
+    @property
+    def group(self) -> int:
+        return self.Hq // self.Hkv
+
+    def visible_pairs(self) -> int:
+        return visible_pairs(self.Sq, self.Skv, self.causal)
+
+    def flops(self) -> int:
+        """Forward FLOPs of attention: 2 matmuls of 2·D flops for every visible (query, key) pair."""
+        return 4 * self.B * self.Hq * self.D * self.visible_pairs()
+
+    def describe(self) -> str:
+        c = "causal" if self.causal else "non-causal"
+        return (f"{self.name} (B={self.B}, Hq={self.Hq}, Hkv={self.Hkv}, Sq={self.Sq}, "
+                f"Skv={self.Skv}, D={self.D}, {c})")
+
+
+def visible_pairs(Sq: int, Skv: int, causal: bool) -> int:
+    """Number of (query, key) pairs that bottom-right causal masking leaves visible."""
+    if not causal:
+        return Sq * Skv
+    off = Skv - Sq  # query i sees keys j <= i + off
+    return sum(min(max(i + off + 1, 0), Skv) for i in range(Sq))
+
+
+def _five(B_S: dict, Hq: int, Hkv: int, D: int) -> dict[str, AttnConfig]:
+    out = {}
+    for name, (B, Sq, Skv, causal) in B_S.items():
+        out[name] = AttnConfig(name, B, Hq, Hkv, Sq, Skv, D, causal, graded_perf=(name == "large"))
+    return out
+
+
+#: DESIGN.md's five configurations at full size (GPU, fp16).
+CONFIGS: dict[str, AttnConfig] = _five({
+    "small": (1, 128, 128, True),
+    "medium": (4, 512, 512, True),
+    "large": (8, 2048, 2048, True),
+    "noncausal": (4, 512, 512, False),
+    "asymmetric": (4, 128, 2048, True),
+}, Hq=32, Hkv=8, D=128)
+
+#: The same five names and shapes (GQA group of 4, causal or not, asymmetric) at CPU sizes.
+CPU_CONFIGS: dict[str, AttnConfig] = _five({
+    "small": (1, 128, 128, True),
+    "medium": (2, 512, 512, True),
+    "large": (1, 1024, 1024, True),
+    "noncausal": (2, 512, 512, False),
+    "asymmetric": (2, 128, 2048, True),
+}, Hq=8, Hkv=2, D=128)
+
+#: The long configuration that performance is graded on besides ``large``.
+LONG_CONFIG = AttnConfig("long", 2, 16, 16, 8192, 8192, 128, False, graded_perf=True)
+
+#: Edge cases beyond the five. Sizes are small enough for the CPU; the GPU runs them as they are.
+EDGE_CASES: dict[str, AttnConfig] = {
+    # lengths that are no multiple of any block size
+    "ragged": AttnConfig("ragged", 1, 4, 2, 200, 333, 128, True),
+    "ragged_noncausal": AttnConfig("ragged_noncausal", 1, 4, 2, 77, 333, 128, False),
+    # one query row against a KV cache: decode
+    "decode": AttnConfig("decode", 2, 8, 2, 1, 515, 128, True),
+    # more queries than keys with bottom-right causal: the first Sq - Skv rows see no key
+    "empty_rows": AttnConfig("empty_rows", 1, 4, 1, 300, 100, 128, True),
+    # the other head dimension
+    "d64": AttnConfig("d64", 2, 8, 2, 256, 256, 64, True),
+    # multi-query attention: one KV head for all query heads
+    "mqa": AttnConfig("mqa", 1, 8, 1, 160, 160, 128, False),
+    # logits in the hundreds: exp() overflows unless the row max is subtracted first
+    "overflow": AttnConfig("overflow", 1, 4, 2, 128, 128, 128, False, logit_scale=64.0),
+}
+
+
+def profile(device: str | torch.device | None = None) -> dict[str, AttnConfig]:
+    """The five configurations at the size that fits ``device``: full size on CUDA, CPU sizes else."""
+    dev = torch.device(device) if device is not None else default_device()
+    return CONFIGS if dev.type == "cuda" else CPU_CONFIGS
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """fp16 on a GPU; fp32 on a CPU, where fp16 matmuls are slow and bf16 is mis-simulated."""
+    return torch.float16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def get_config(name: str, device: str | torch.device | None = None) -> AttnConfig:
+    """A configuration by name: one of the five (sized for ``device``), an edge case, or "long"."""
+    five = profile(device)
+    if name in five:
+        return five[name]
+    if name in EDGE_CASES:
+        return EDGE_CASES[name]
+    if name == "long":
+        return LONG_CONFIG
+    known = ", ".join([*five, *EDGE_CASES, "long"])
+    raise KeyError(f"unknown configuration {name!r}; known: {known}")
+
+
+def scaled(cfg: AttnConfig, **changes) -> AttnConfig:
+    """A copy of ``cfg`` with some fields changed (e.g. a smaller B for a quick look)."""
+    return replace(cfg, **changes)
+
+
+def make_inputs(cfg: AttnConfig, seed: int = 0, device: str | torch.device | None = None,
+                dtype: torch.dtype | None = None, layout: str = "bhsd"):
+    """Draw ``q [B,Hq,Sq,D]``, ``k, v [B,Hkv,Skv,D]`` from ``seed``.
+
+    ``layout="bshd"`` allocates ``[B, S, H, D]`` storage and returns its ``[B, H, S, D]`` view:
+    the last stride is 1 but the tensors are not contiguous.
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', not {layout!r}")
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    g = torch.Generator(device="cpu").manual_seed(int(seed))
+
+    def draw(H, S, s=1.0):
+        x = torch.randn(cfg.B, S, H, cfg.D, generator=g, dtype=torch.float32) * s
+        x = x.to(device=device, dtype=dtype)
+        return x.permute(0, 2, 1, 3) if layout == "bshd" else x.permute(0, 2, 1, 3).contiguous()
+
+    # logit_scale multiplies q and k by sqrt(logit_scale) each: logits grow by logit_scale
+    s = cfg.logit_scale ** 0.5
+    q = draw(cfg.Hq, cfg.Sq, s)
+    k = draw(cfg.Hkv, cfg.Skv, s)
+    v = draw(cfg.Hkv, cfg.Skv)
+    return q, k, v

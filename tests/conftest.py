@@ -1,0 +1,74 @@
+"""Shared fixtures: grading notebooks built from the release with code put into solution cells."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # `autograder` is a folder of the repo, not an installed package
+
+from autograder import cli  # noqa: E402
+
+
+def release_notebook(assignment: str) -> dict:
+    """The student version of an assignment's notebook, as committed in exercises/."""
+    (path,) = (ROOT / "exercises" / assignment).glob("*.ipynb")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def fill(nb: dict, code: dict[str, str]) -> dict:
+    """A copy of ``nb`` whose cells named by grade_id get new source (a student's answer)."""
+    nb = copy.deepcopy(nb)
+    seen = set()
+    for cell in nb["cells"]:
+        gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+        if gid in code:
+            cell["source"] = code[gid].strip("\n").splitlines(True)
+            seen.add(gid)
+    missing = set(code) - seen
+    assert not missing, f"no cell with grade_id {missing} in the release"
+    return nb
+
+
+def solution_code(assignment: str) -> dict[str, str]:
+    """The solution source of every solution cell, with the solution markers removed."""
+    (path,) = (ROOT / "solutions" / assignment).glob("*.ipynb")
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    out = {}
+    for cell in nb["cells"]:
+        meta = cell["metadata"].get("nbgrader", {})
+        if meta.get("solution") and cell["cell_type"] == "code":
+            src = "".join(cell["source"])
+            out[meta["grade_id"]] = "\n".join(
+                ln for ln in src.splitlines() if "### BEGIN SOLUTION" not in ln and "### END SOLUTION" not in ln)
+    return out
+
+
+def grade_submissions(tmp_path: Path, assignment: str, notebooks: dict[str, dict | str | bytes],
+                      timeout: float = 900) -> dict[str, cli.Result]:
+    """Autograde one notebook per student (a dict, or raw text/bytes for broken files)."""
+    subs = tmp_path / "submitted"
+    (nb_name,) = cli.notebooks_of(assignment)
+    for student, nb in notebooks.items():
+        d = subs / student / assignment
+        d.mkdir(parents=True)
+        path = d / f"{nb_name}.ipynb"
+        if isinstance(nb, dict):
+            path.write_text(json.dumps(nb), encoding="utf-8")
+        elif isinstance(nb, bytes):
+            path.write_bytes(nb)
+        else:
+            path.write_text(nb, encoding="utf-8")
+    results = cli.autograde(subs, tmp_path / "ws", [assignment], timeout=timeout, quiet=True)
+    return {r.student: r for r in results}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cpu_threads():
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    yield
