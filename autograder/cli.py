@@ -38,6 +38,8 @@ class Result:
     assignment: str
     score: float = 0.0
     max_score: float = 0.0
+    auto_max_score: float = 0.0   # points the autograder decides (max_score less written answers)
+    manual_pending: float = 0.0   # points of written answers that wait for an instructor
     status: str = "graded"
     failed: list = field(default_factory=list)
     messages: dict = field(default_factory=dict)
@@ -151,7 +153,12 @@ def _collect(workspace: Path, student: str, assignment: str, res: Result) -> Non
         res.score, res.max_score = float(sub.score), float(sub.max_score)
         for nb in sub.notebooks:
             for grade in nb.grades:
-                if grade.max_score and grade.auto_score is not None and grade.auto_score < grade.max_score:
+                if grade.auto_score is None:      # a written answer: graded by hand
+                    if grade.manual_score is None:
+                        res.manual_pending += float(grade.max_score)
+                    continue
+                res.auto_max_score += float(grade.max_score)
+                if grade.max_score and grade.auto_score < grade.max_score:
                     res.failed.append(grade.name)
     for path in (workspace / "autograded" / student / assignment).glob("*.ipynb"):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
@@ -209,15 +216,17 @@ def write_csv(results: list[Result], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["student", "assignment", "score", "max_score", "status", "failed_tests", "seconds"])
+        w.writerow(["student", "assignment", "score", "max_score", "manual_pending", "status",
+                    "failed_tests", "seconds"])
         for r in results:
-            w.writerow([r.student, r.assignment, f"{r.score:g}", f"{r.max_score:g}", r.status,
-                        " ".join(r.failed), f"{r.seconds:.1f}"])
+            w.writerow([r.student, r.assignment, f"{r.score:g}", f"{r.max_score:g}",
+                        f"{r.manual_pending:g}", r.status, " ".join(r.failed), f"{r.seconds:.1f}"])
 
 
 def table(results: list[Result]) -> str:
     head = ("student", "assignment", "score", "status", "failed tests")
-    rows = [(r.student, r.assignment, f"{r.score:g} / {r.max_score:g}", r.status,
+    rows = [(r.student, r.assignment, f"{r.score:g} / {r.max_score:g}",
+             r.status + (f" ({r.manual_pending:g} pts await manual grading)" if r.manual_pending else ""),
              ", ".join(r.failed) or "-") for r in results]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
@@ -243,6 +252,14 @@ def export(workspace: Path) -> list[Result]:
     return out
 
 
+def _headline(msg: str) -> str:
+    """One line of a failure: the check's 'likely cause' when it gave one, else the first line."""
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    cause = [ln for ln in lines if ln.startswith("likely cause:")]
+    line = cause[-1] if cause else (lines[0] if lines else "")
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
 def _report(results: list[Result], csv_path: Path, show_messages: bool = True) -> None:
     write_csv(results, csv_path)
     print()
@@ -250,8 +267,7 @@ def _report(results: list[Result], csv_path: Path, show_messages: bool = True) -
     if show_messages:
         for r in results:
             for gid, msg in r.messages.items():
-                first = msg.splitlines()[0] if msg else ""
-                print(f"  {r.student}/{r.assignment} {gid}: {first[:160]}")
+                print(f"  {r.student}/{r.assignment} {gid}: {_headline(msg)}")
     print(f"\ngrades written to {csv_path}")
 
 
