@@ -63,6 +63,8 @@ def _env(workspace: Path, **extra) -> dict:
     # nbgrader shells out to `alembic`: the interpreter's bin/ must be on PATH.
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["FACOURSE_WORKSPACE"] = str(workspace)
+    # Hidden tests import grading helpers (autograder.perf) from the repository.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update({k: str(v) for k, v in extra.items()})
     return env

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -327,12 +328,13 @@ def _normalise(result, expect_lse: bool, tag: str):
 
 def check_entry_point(fn, config: str | AttnConfig = "small", *, seed: int | None = None,
                       device=None, dtype=None, layout: str = "bshd", expect_lse: bool = False,
-                      scale=None, verbose: bool = True) -> CheckReport:
+                      scale=None, verbose: bool = True) -> None:
     """Draw inputs for ``config``, call ``fn(q, k, v, causal=..., scale=...)`` and check the result.
 
     ``config`` is a name (sized for the device: full size on a GPU, the CPU profile otherwise), or
     an :class:`AttnConfig`. A fresh seed is drawn when none is given. Raises
-    :class:`AttentionCheckError` on failure, and also when ``fn`` modifies its inputs.
+    :class:`AttentionCheckError` on failure, and also when ``fn`` modifies its inputs. Prints a
+    one-line summary on success.
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -344,8 +346,12 @@ def check_entry_point(fn, config: str | AttnConfig = "small", *, seed: int | Non
     kwargs = {"causal": cfg.causal}
     if scale is not None:
         kwargs["scale"] = scale
-    with nan_filled_allocations(device):
+    with nan_filled_allocations(device), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         result = fn(q, k, v, **kwargs)
+    # nbgrader scores a test cell 0 when anything reaches stderr: report warnings on stdout.
+    for w in {str(w.message) for w in caught}:
+        print(f"note: the call raised a warning: {w}")
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
     for name, t, c in zip("qkv", (q, k, v), copies):
@@ -356,4 +362,4 @@ def check_entry_point(fn, config: str | AttnConfig = "small", *, seed: int | Non
     report = check_attention(o, q, k, v, cfg.causal, scale, lse, config=cfg.describe(), seed=seed)
     if verbose:
         print(report.summary())
-    return report
+    # Returns nothing on purpose: nbgrader reads a test cell's displayed value as partial credit.
