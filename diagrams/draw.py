@@ -1,0 +1,534 @@
+"""Draw every conceptual figure of the course into diagrams/*.png.
+
+    python diagrams/draw.py                      # all figures, into diagrams/
+    python diagrams/draw.py roofline causal_tiles   # only these
+    python diagrams/draw.py --out /tmp/figs      # into another folder (tests use this)
+    python diagrams/draw.py --list               # the figure names
+
+Deterministic: Agg backend, fixed sizes and dpi, no timestamps or version strings in the PNG.
+
+Hardware numbers (one place, used by several figures). Sources:
+- A100: NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), and the A100 80GB datasheet
+  (108 SMs; 256 KB register file per SM (65,536 x 32-bit); 192 KB combined L1/shared memory per SM,
+  of which up to 164 KB shared; 40 MB L2; L2 read bandwidth 5120 bytes/clk; L1/shared bandwidth
+  128 bytes/clk per SM; HBM2e 80 GB at 2,039 GB/s; 1410 MHz boost; FP16 tensor 312 TFLOP/s dense).
+- H100: NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022) and the H100 SXM5 datasheet
+  (132 SMs; 256 KB register file per SM; 256 KB combined L1/shared memory per SM, of which up to
+  228 KB shared (227 KB usable by one block); 50 MB L2; HBM3 80 GB at 3.35 TB/s; FP16 tensor
+  989 TFLOP/s dense (1,979 with sparsity)).
+- H200: NVIDIA H200 Tensor Core GPU datasheet (same GH100 SM and L2 as H100 SXM; HBM3e 141 GB at
+  4.8 TB/s; FP16 tensor 989 TFLOP/s dense).
+- Aggregate shared-memory bandwidth is not a datasheet line: we derive it as
+  128 B/clk/SM x SMs x clock. For H100/H200 the clock is the one the datasheet's 989 TFLOP/s implies
+  (989.4e12 / (132 SMs x 4096 FLOP/clk/SM) = 1.83 GHz). NVIDIA does not publish H100 L2 bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DPI = 110
+
+# --- hardware table --------------------------------------------------------------------------
+GPUS = {
+    #           SMs  clk GHz  regs/SM KB  smem/SM KB  L2 MB  HBM GB  HBM TB/s  fp16 dense TFLOP/s
+    "A100": dict(sms=108, clk=1.41, reg_kb=256, smem_kb=164, l2_mb=40, hbm_gb=80, hbm_tbs=2.039, tflops=312),
+    "H100": dict(sms=132, clk=1.83, reg_kb=256, smem_kb=228, l2_mb=50, hbm_gb=80, hbm_tbs=3.35, tflops=989),
+    "H200": dict(sms=132, clk=1.83, reg_kb=256, smem_kb=228, l2_mb=50, hbm_gb=141, hbm_tbs=4.8, tflops=989),
+}
+
+
+def smem_tbs(g):
+    """Aggregate shared-memory bandwidth, TB/s: 128 B/clk/SM x SMs x clock."""
+    return 128 * g["sms"] * g["clk"] * 1e9 / 1e12
+
+
+C = dict(hbm="#d9534f", l2="#f0ad4e", smem="#5bc0de", reg="#5cb85c", grey="#bbbbbb",
+         full="#4a90d9", diag="#f5b041", skip="#eeeeee", ink="#222222", q="#8e44ad", kv="#16a085")
+
+
+def _save(fig, name, out):
+    path = os.path.join(out, name + ".png")
+    fig.savefig(path, dpi=DPI, metadata={"Software": None}, facecolor="white", bbox_inches="tight",
+                pad_inches=0.12)
+    plt.close(fig)
+    return path
+
+
+def _box(ax, x, y, w, h, text, color, fs=10, tc="black", alpha=1.0, lw=1.0, style="round,pad=0.02"):
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle=style, fc=color, ec=C["ink"], lw=lw, alpha=alpha))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fs, color=tc)
+
+
+def _arrow(ax, p, q, color="black", lw=1.5, style="-|>", ms=12, ls="-", rad=0.0):
+    ax.add_patch(FancyArrowPatch(p, q, arrowstyle=style, mutation_scale=ms, color=color, lw=lw,
+                                 linestyle=ls, connectionstyle=f"arc3,rad={rad}"))
+
+
+# --- 1. memory hierarchy ---------------------------------------------------------------------
+def memory_hierarchy(out):
+    fig, ax = plt.subplots(figsize=(10, 5.4))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 5.6)
+    ax.axis("off")
+    levels = [  # (name, scope, color, width)
+        ("Registers", "per thread (<= 255 x 32-bit)\n256 KB per SM", C["reg"], 2.2),
+        ("Shared memory (SMEM)", "per block, on chip\nprogrammer-managed", C["smem"], 3.0),
+        ("L2 cache", "whole GPU, on chip\nhardware-managed", C["l2"], 3.8),
+        ("HBM (global memory)", "whole GPU, off chip\nwhere q, k, v, o live", C["hbm"], 4.6),
+    ]
+    y = 4.5
+    for name, scope, col, w in levels:
+        x = 2.6 - w / 2
+        _box(ax, x, y, w, 0.85, "", col, alpha=0.85)
+        ax.text(2.6, y + 0.56, name, ha="center", va="center", fontsize=10.5, weight="bold")
+        ax.text(2.6, y + 0.24, scope, ha="center", va="center", fontsize=7.5)
+        y -= 1.05
+    ax.annotate("", xy=(0.05, 0.9), xytext=(0.05, 5.3),
+                arrowprops=dict(arrowstyle="-|>", color="black", lw=1.2))
+    ax.text(0.15, 3.1, "bigger, slower, farther", rotation=-90, va="center", fontsize=8.5)
+
+    cols = ["", "A100 SXM", "H100 SXM", "H200 SXM"]
+    rows = [
+        ("SMs", lambda g: f"{g['sms']}"),
+        ("Registers / SM", lambda g: f"{g['reg_kb']} KB"),
+        ("SMEM / SM (max)", lambda g: f"{g['smem_kb']} KB"),
+        ("SMEM b/w (all SMs)*", lambda g: f"~{smem_tbs(g):.0f} TB/s"),
+        ("L2", lambda g: f"{g['l2_mb']} MB"),
+        ("L2 b/w", lambda g: "~7 TB/s**" if g["l2_mb"] == 40 else "n/p"),
+        ("HBM", lambda g: f"{g['hbm_gb']} GB"),
+        ("HBM b/w", lambda g: f"{g['hbm_tbs']:.2f} TB/s"),
+        ("FP16 tensor, dense", lambda g: f"{g['tflops']} TFLOP/s"),
+    ]
+    x0, y0, dx, dy = 5.3, 5.2, [1.7, 1.0, 1.0, 1.0], 0.43
+    xs = [x0]
+    for d in dx[:-1]:
+        xs.append(xs[-1] + d)
+    for j, c in enumerate(cols):
+        ax.text(xs[j] + (0.05 if j == 0 else 0.45), y0, c, fontsize=9, weight="bold",
+                ha="left" if j == 0 else "center")
+    row_colors = [None, C["reg"], C["smem"], C["smem"], C["l2"], C["l2"], C["hbm"], C["hbm"], None]
+    for i, (label, f) in enumerate(rows):
+        yy = y0 - (i + 1) * dy
+        if row_colors[i]:
+            ax.add_patch(Rectangle((x0 - 0.05, yy - 0.17), sum(dx) + 0.15, 0.36, fc=row_colors[i],
+                                   alpha=0.25, ec="none"))
+        ax.text(xs[0] + 0.05, yy, label, fontsize=8.5, va="center")
+        for j, name in enumerate(["A100", "H100", "H200"]):
+            ax.text(xs[j + 1] + 0.45, yy, f(GPUS[name]), fontsize=8.5, va="center", ha="center")
+    ax.text(x0, 0.55, "* derived: 128 B/clk/SM x SMs x clock (1.41 GHz A100; 1.83 GHz H100/H200)\n"
+            "** A100 whitepaper: 5120 B/clk; n/p = not published by NVIDIA\n"
+            "Sources: NVIDIA A100 and H100 architecture whitepapers; A100, H100, H200 datasheets",
+            fontsize=7, va="center", color="#444444")
+    ax.set_title("GPU memory hierarchy: each step down is ~10x bigger and several times slower",
+                 fontsize=11)
+    return _save(fig, "memory_hierarchy", out)
+
+
+# --- 2. roofline -----------------------------------------------------------------------------
+def attention_intensity(N, d=128, bytes_per=2, kind="vanilla", Br=128):
+    """FLOP per HBM byte of one head's forward attention (matmul FLOPs 4 N^2 d).
+
+    vanilla: read Q,K, write S, read S, write P, read P,V, write O  -> (4Nd + 4N^2) elements
+    flash  : read Q, K, V, write O once                              -> 4Nd elements
+    flash_noreuse: K and V streamed again for each of the N/Br Q tiles (no L2 help)
+    """
+    flops = 4 * N * N * d
+    if kind == "vanilla":
+        elems = 4 * N * d + 4 * N * N
+    elif kind == "flash":
+        elems = 4 * N * d
+    else:
+        elems = 2 * N * d + 2 * N * d * math.ceil(N / Br)
+    return flops / (elems * bytes_per)
+
+
+def roofline(out):
+    g = GPUS["H100"]
+    peak, bw = g["tflops"], g["hbm_tbs"]  # TFLOP/s, TB/s
+    ridge = peak / bw
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw=dict(width_ratios=[1.15, 1]))
+    xs = [2 ** (i / 8) for i in range(0, 8 * 16 + 1)]  # 1 .. 65536 FLOP/byte
+    ax.loglog(xs, [min(peak, bw * x) for x in xs], color=C["ink"], lw=2.2, label="H100 SXM roof")
+    ax.axvline(ridge, color="#999999", ls=":", lw=1)
+    ax.text(ridge * 1.1, 1.5, f"ridge\n{ridge:.0f} FLOP/B", fontsize=8, color="#555555")
+    ax.text(1.3, peak * 1.2, f"{peak} TFLOP/s FP16 dense (datasheet)", fontsize=8.5)
+    ax.text(3.0, bw * 3.0 * 1.7, f"{bw} TB/s HBM3 (datasheet)", rotation=27, fontsize=8.5)
+    Ns = [512, 2048, 8192, 32768]
+    series = [("vanilla", "o", C["hbm"], "vanilla (S and P through HBM)"),
+              ("flash", "s", C["full"], "flash (Q, K, V, O through HBM once)"),
+              ("flash_noreuse", "^", C["diag"], "flash, K/V re-read per Q tile (Br=128, no L2 reuse)")]
+    for kind, mk, col, lab in series:
+        ai = [attention_intensity(N, kind=kind) for N in Ns]
+        perf = [min(peak, bw * a) for a in ai]
+        ax.loglog(ai, perf, mk, color=col, label=lab, ms=6, mec="black", mew=0.5)
+        if kind == "flash":
+            for N, a, p in zip(Ns, ai, perf):
+                ax.annotate(f"N={N}", (a, p), textcoords="offset points", xytext=(-14, -14),
+                            fontsize=7, color=col)
+        if kind == "vanilla":
+            ax.annotate(f"N = {Ns[0]} .. {Ns[-1]}\n(all near d/2 = 64)", (ai[-1], perf[-1]),
+                        textcoords="offset points", xytext=(8, -28), fontsize=7.5, color=col)
+    ax.set_xlim(1, 65536)
+    ax.set_ylim(1, 3000)
+    ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.set_title("H100 SXM roofline, attention at d = 128, fp16", fontsize=10.5)
+    ax.legend(loc="center right", fontsize=7.5)
+    ax.grid(True, which="major", alpha=0.25)
+
+    Nr = [2 ** k for k in range(7, 17)]
+    for kind, mk, col, lab in series:
+        bx.loglog(Nr, [attention_intensity(N, kind=kind) for N in Nr], mk + "-", color=col, ms=4,
+                  lw=1.2, label=lab.split(" (")[0])
+    for name, ls in (("A100", "--"), ("H100", ":"), ("H200", "-.")):
+        r = GPUS[name]["tflops"] / GPUS[name]["hbm_tbs"]
+        bx.axhline(r, color="#666666", ls=ls, lw=1)
+        bx.text(Nr[0], r * 1.08, f"{name} ridge {r:.0f}", fontsize=7.5, color="#444444")
+    bx.set_xlabel("sequence length N")
+    bx.set_ylabel("FLOP per HBM byte")
+    bx.set_title("intensity vs N: above a ridge line = compute-bound", fontsize=10.5)
+    bx.legend(loc="upper left", fontsize=7.5, bbox_to_anchor=(0.0, 0.9))
+    bx.grid(True, which="major", alpha=0.25)
+    fig.tight_layout()
+    return _save(fig, "roofline", out)
+
+
+# --- 3. tiling grid --------------------------------------------------------------------------
+def tiling_grid(out):
+    fig, ax = plt.subplots(figsize=(9, 6))
+    ax.set_xlim(-3.4, 9.2)
+    ax.set_ylim(-1.2, 8.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    Tr, Tc = 4, 6
+    # S grid: rows are Q tiles (Br each), columns are K tiles (Bc each)
+    for i in range(Tr):
+        for j in range(Tc):
+            hi = (i == 2 and j == 3)
+            ax.add_patch(Rectangle((j, Tr - 1 - i), 1, 1, fc=C["diag"] if hi else
+                                   ("#dfe9f5" if i == 2 else ("#e6f4ef" if j == 3 else "white")),
+                                   ec=C["ink"], lw=1.0))
+    ax.text(3.5, 1.5, r"$S_{ij}$", ha="center", va="center", fontsize=13)
+    ax.text(Tc / 2, Tr + 0.25, r"$S = Q K^\top$  ($N \times N$, never stored)", ha="center", fontsize=11)
+    # Q column on the left
+    for i in range(Tr):
+        ax.add_patch(Rectangle((-2.2, Tr - 1 - i), 1.2, 1, fc=C["q"] if i == 2 else "#efe4f5",
+                               ec=C["ink"], alpha=0.75 if i == 2 else 1))
+        ax.text(-1.6, Tr - 0.5 - i, rf"$Q_{i + 1}$", ha="center", va="center", fontsize=10,
+                color="white" if i == 2 else "black")
+    ax.text(-1.6, Tr + 0.25, r"$Q$ ($N\times d$)", ha="center", fontsize=10)
+    ax.annotate("", xy=(-2.5, Tr - 2), xytext=(-2.5, Tr - 3),
+                arrowprops=dict(arrowstyle="<->", lw=1))
+    ax.text(-2.65, Tr - 2.5, r"$B_r$", ha="right", va="center", fontsize=11)
+    ax.text(-1.6, -0.7, r"$T_r = \lceil N / B_r \rceil$" + "\nrow tiles", fontsize=9, va="center",
+            ha="center")
+    # K^T row on top
+    for j in range(Tc):
+        ax.add_patch(Rectangle((j, Tr + 0.9), 1, 1.2, fc=C["kv"] if j == 3 else "#e6f4ef",
+                               ec=C["ink"], alpha=0.75 if j == 3 else 1))
+        ax.text(j + 0.5, Tr + 1.5, rf"$K_{j + 1}^\top$", ha="center", va="center", fontsize=9.5,
+                color="white" if j == 3 else "black")
+    ax.text(Tc + 0.15, Tr + 1.5, r"$K^\top$ ($d\times N$)", va="center", fontsize=10)
+    ax.annotate("", xy=(3, Tr + 2.3), xytext=(4, Tr + 2.3), arrowprops=dict(arrowstyle="<->", lw=1))
+    ax.text(3.5, Tr + 2.45, r"$B_c$", ha="center", fontsize=11)
+    ax.text(0, Tr + 2.45, r"$T_c = \lceil N / B_c \rceil$ column tiles", fontsize=9)
+    # V below
+    for j in range(Tc):
+        ax.add_patch(Rectangle((j, -1.05), 1, 0.7, fc=C["kv"] if j == 3 else "#e6f4ef",
+                               ec=C["ink"], alpha=0.75 if j == 3 else 1))
+        ax.text(j + 0.5, -0.7, rf"$V_{j + 1}$", ha="center", va="center", fontsize=9,
+                color="white" if j == 3 else "black")
+    ax.text(Tc + 0.15, -0.7, r"$V$ (rows = keys; drawn transposed)", va="center", fontsize=8.5)
+    ax.text(Tc + 0.3, 2.6,
+            "one step of the inner loop:\n"
+            r"$S_{ij} = Q_i K_j^\top$   ($B_r\times B_c$, in SRAM)" + "\n"
+            r"$P_{ij} = \exp(S_{ij} - m_i)$" + "\n"
+            r"$O_i \leftarrow \alpha\, O_i + P_{ij} V_j$" + "\n\n"
+            "the orange tile lives only in\nregisters / shared memory",
+            fontsize=9, va="center",
+            bbox=dict(boxstyle="round", fc="#fff8e6", ec=C["diag"]))
+    ax.set_title(r"Tiling: $S$ is cut into a $T_r \times T_c$ grid of $B_r \times B_c$ tiles", fontsize=11)
+    return _save(fig, "tiling_grid", out)
+
+
+# --- 4. online softmax update ----------------------------------------------------------------
+def online_softmax_update(out):
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 4.8)
+    ax.axis("off")
+    _box(ax, 0.2, 2.6, 2.3, 1.5, "", "#e8f1fb")
+    ax.text(1.35, 3.35, "running state\n" + r"$m_{\rm old}$ (max so far)" + "\n"
+            + r"$\ell_{\rm old}$ (sum of $e^{x-m_{\rm old}}$)" + "\n" + r"$O_{\rm old}$ (unnormalized)",
+            ha="center", va="center", fontsize=9.5)
+    _box(ax, 0.2, 0.4, 2.3, 1.5, "", "#fff3e0")
+    ax.text(1.35, 1.15, "next block\n" + r"$x_B$  (or $S_{ij}$ row, $V_j$)", ha="center",
+            va="center", fontsize=9.5)
+    steps = [
+        (r"$m_{\rm new} = \max(m_{\rm old},\ \max x_B)$", 3.7),
+        (r"$\alpha = e^{\,m_{\rm old} - m_{\rm new}}$   (rescale, $\leq 1$)", 2.95),
+        (r"$p = e^{\,x_B - m_{\rm new}}$", 2.2),
+        (r"$\ell_{\rm new} = \alpha\,\ell_{\rm old} + \sum p$", 1.45),
+        (r"$O_{\rm new} = \alpha\,O_{\rm old} + p\,V_j$   (attention only)", 0.7),
+    ]
+    for txt, y in steps:
+        _box(ax, 3.3, y - 0.28, 4.1, 0.56, "", "white")
+        ax.text(3.45, y, txt, va="center", fontsize=10)
+    _arrow(ax, (2.5, 3.35), (3.3, 3.7))
+    _arrow(ax, (2.5, 1.15), (3.3, 2.2))
+    _box(ax, 8.0, 1.7, 1.85, 1.6, "", "#e8f6ec")
+    ax.text(8.92, 2.5, "new state\n" + r"$(m_{\rm new}, \ell_{\rm new}, O_{\rm new})$" + "\n\nat the end:\n"
+            + r"$O = O_{\rm new} / \ell_{\rm new}$" + "\n" + r"lse $= m + \log \ell$", ha="center",
+            va="center", fontsize=9)
+    _arrow(ax, (7.4, 2.2), (8.0, 2.5))
+    _arrow(ax, (8.9, 3.3), (1.35, 4.1), rad=0.25, ls="--", color="#555555")
+    ax.text(5.3, 4.3, "loop: the new state becomes the old state for the next block",
+            fontsize=8.5, color="#555555", ha="center")
+    ax.set_title("Online softmax (Milakov & Gimelshein 2018): one pass, two numbers per row",
+                 fontsize=11)
+    return _save(fig, "online_softmax_update", out)
+
+
+# --- 5. Triton program-id mapping ------------------------------------------------------------
+def triton_program_id(out):
+    fig, ax = plt.subplots(figsize=(10, 5.6))
+    ax.set_xlim(-1.6, 15.2)
+    ax.set_ylim(-2.2, 9.0)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    Tm, B, H = 8, 2, 4  # Q tiles, batch, heads (kept small to draw)
+    BH = B * H
+    sel = (6, 5)  # (pid_m, pid_bh)
+    Hkv = 2
+    for y in range(BH):
+        for x in range(Tm):
+            on = (x, y) == sel
+            ax.add_patch(Rectangle((x, BH - 1 - y), 1, 1, fc=C["diag"] if on else
+                                   ("#e8f1fb" if y // H == 0 else "#f3ecf8"), ec=C["ink"], lw=0.8))
+            ax.text(x + 0.5, BH - 0.5 - y, f"{x},{y}", ha="center", va="center", fontsize=6.5,
+                    color="black")
+    for x in range(Tm):
+        ax.text(x + 0.5, BH + 0.2, f"{x}", ha="center", fontsize=8)
+    for y in range(BH):
+        ax.text(-0.15, BH - 0.5 - y, f"b{y // H} h{y % H}", ha="right", va="center", fontsize=7.5)
+    ax.text(Tm / 2, BH + 0.7, "axis 0: start_m = tl.program_id(0)  (Q tile, cdiv(Sq, BLOCK_M) of them)",
+            ha="center", fontsize=9)
+    ax.text(-1.5, BH / 2, "axis 1: off_hz = tl.program_id(1)\n(batch x head, B*Hq of them)",
+            rotation=90, va="center", ha="center", fontsize=9)
+    ax.text(Tm / 2, -0.6, f"grid = (cdiv(Sq, BLOCK_M), B*Hq) = ({Tm}, {BH})   here B={B}, Hq={H}, Hkv={Hkv}",
+            ha="center", fontsize=9)
+    # explanation box for selected program
+    x0 = 9.0
+    pm, pbh = sel
+    b, h = pbh // H, pbh % H
+    txt = (f"program ({pm}, {pbh}):\n"
+           f"  off_b = off_hz // Hq = {pbh} // {H} = {b}\n"
+           f"  off_h = off_hz %  Hq = {pbh} % {H} = {h}\n"
+           f"  kv head = off_h // (Hq // Hkv) = {h} // {H // Hkv} = {h // (H // Hkv)}\n"
+           f"  rows = start_m*BLOCK_M + arange(BLOCK_M)\n"
+           f"       = {pm}*64 .. {pm}*64+63 = {pm * 64}..{pm * 64 + 63}\n\n"
+           "it loads Q_i once, then loops\n"
+           "over K_j, V_j of its (b, kv head),\n"
+           "keeps m_i, l_i, acc in registers,\n"
+           "writes O_i and lse_i once.")
+    ax.text(x0, 5.0, txt, fontsize=8.6, family="monospace", va="center",
+            bbox=dict(boxstyle="round", fc="#fff8e6", ec=C["diag"]))
+    _arrow(ax, (pm + 1, BH - 0.5 - pbh), (x0 - 0.1, 5.0), rad=0.15)
+    # the Q tensor strip for the selected (b, h)
+    for x in range(Tm):
+        ax.add_patch(Rectangle((x, -1.9), 1, 0.6, fc=C["q"] if x == pm else "#efe4f5", ec=C["ink"],
+                               alpha=0.8 if x == pm else 1))
+    ax.text(Tm + 0.2, -1.6, f"q[{b}, {h}, :, :] split into BLOCK_M = 64 rows", fontsize=8.5, va="center")
+    ax.set_title("Triton FA2: one program per (Q tile, batch*head); every program is independent",
+                 fontsize=11, pad=22)
+    return _save(fig, "triton_program_id", out)
+
+
+# --- 6. causal tile classes ------------------------------------------------------------------
+def _tile_class(i0, i1, j0, j1, off):
+    """Classify the tile rows [i0,i1) x cols [j0,j1) for mask j <= i + off."""
+    if j1 - 1 <= i0 + off:
+        return "full"
+    if j0 > (i1 - 1) + off:
+        return "skip"
+    return "diag"
+
+
+def _causal_panel(ax, Sq, Skv, Br, Bc, off, title):
+    Tr, Tc = math.ceil(Sq / Br), math.ceil(Skv / Bc)
+    counts = {"full": 0, "diag": 0, "skip": 0}
+    for i in range(Tr):
+        for j in range(Tc):
+            i0, i1 = i * Br, min(Sq, (i + 1) * Br)
+            j0, j1 = j * Bc, min(Skv, (j + 1) * Bc)
+            cls = _tile_class(i0, i1, j0, j1, off)
+            counts[cls] += 1
+            ax.add_patch(Rectangle((j0, Sq - i1), j1 - j0, i1 - i0, fc=C[cls], ec=C["ink"], lw=0.8))
+    # the element boundary j = i + off
+    xs, ys = [], []
+    for i in range(Sq + 1):
+        xs.append(min(max(i + off, 0), Skv))
+        ys.append(Sq - i)
+    ax.plot([off, off + Sq], [Sq, 0], color="black", lw=1.6)
+    ax.set_xlim(-5, Skv + 5)
+    ax.set_ylim(-5, Sq + 5)
+    ax.set_aspect("equal")
+    ax.set_xticks([min(j * Bc, Skv) for j in range(Tc + 1)])
+    ax.set_yticks([Sq - min(i * Br, Sq) for i in range(Tr + 1)])
+    ax.set_yticklabels([str(min(i * Br, Sq)) for i in range(Tr + 1)])
+    ax.tick_params(labelsize=7)
+    ax.set_xlabel("key j", fontsize=8.5)
+    ax.set_ylabel("query i", fontsize=8.5)
+    ax.set_title(title + f"\n{counts['full']} full, {counts['diag']} diagonal, {counts['skip']} skipped",
+                 fontsize=9.5)
+
+
+def causal_tiles(out):
+    Sq, Skv, B = 256, 480, 64
+    fig, axs = plt.subplots(1, 2, figsize=(11, 4.4))
+    _causal_panel(axs[0], Sq, Skv, B, B, Skv - Sq,
+                  rf"bottom-right (ours, FA>=2.1): $j \leq i + (S_{{kv}} - S_q)$ = i + {Skv - Sq}")
+    _causal_panel(axs[1], Sq, Skv, B, B, 0,
+                  r"top-left (torch is_causal): $j \leq i$  -- the pitfall")
+    handles = [Rectangle((0, 0), 1, 1, fc=C[k], ec=C["ink"]) for k in ("full", "diag", "skip")]
+    fig.legend(handles, ["full tile: no mask needed", "diagonal tile: element mask",
+                         "skipped tile: never loaded"], loc="lower center", ncol=3, fontsize=9,
+               frameon=False)
+    fig.suptitle(f"Causal tile classes, Sq = {Sq} new queries against Skv = {Skv} keys "
+                 f"(Br = Bc = {B}); black line = mask boundary", fontsize=10.5)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
+    return _save(fig, "causal_tiles", out)
+
+
+# --- 7. GQA head sharing ---------------------------------------------------------------------
+def gqa_heads(out):
+    fig, ax = plt.subplots(figsize=(9.5, 3.8))
+    Hq, Hkv = 8, 2
+    g = Hq // Hkv
+    ax.set_xlim(-1.6, Hq + 0.5)
+    ax.set_ylim(-0.9, 3.4)
+    ax.axis("off")
+    pal = ["#4a90d9", "#e67e22", "#27ae60", "#8e44ad"]
+    for h in range(Hq):
+        _box(ax, h + 0.08, 2.2, 0.84, 0.7, f"q head {h}", pal[h // g], fs=8.5, tc="white", alpha=0.85)
+    xk = [(Hq / Hkv) * k + (Hq / Hkv - 1) / 2 for k in range(Hkv)]
+    for k in range(Hkv):
+        _box(ax, xk[k] - 0.6, 0.0, 2.2, 0.7, f"K, V head {k}", pal[k], fs=9, tc="white")
+    for h in range(Hq):
+        _arrow(ax, (h + 0.5, 2.2), (xk[h // g] + 0.5, 0.72), color=pal[h // g], lw=1.2, ms=9)
+    ax.text(-1.55, 2.55, f"Hq = {Hq}", fontsize=10, va="center")
+    ax.text(-1.55, 0.35, f"Hkv = {Hkv}", fontsize=10, va="center")
+    ax.text(Hq / 2, -0.6, f"group = Hq // Hkv = {g};   query head h reads KV head h // group"
+            "   (Hkv = 1: MQA;  Hkv = Hq: MHA)", ha="center", fontsize=9.5)
+    ax.text(Hq / 2, 3.2, "Grouped-query attention: KV cache shrinks by the group factor; "
+            "a kernel loads each K_j, V_j tile once per query head (or once per group)",
+            ha="center", fontsize=9)
+    return _save(fig, "gqa_heads", out)
+
+
+# --- 8. six HBM trips of vanilla attention ---------------------------------------------------
+def hbm_trips_vanilla(out):
+    fig, ax = plt.subplots(figsize=(10.5, 4.8))
+    ax.set_xlim(0, 10.5)
+    ax.set_ylim(0, 5.0)
+    ax.axis("off")
+    ax.add_patch(Rectangle((0.2, 0.3), 10.1, 0.9, fc=C["hbm"], alpha=0.25, ec=C["hbm"]))
+    ax.text(0.35, 0.75, "HBM", fontsize=11, weight="bold", va="center", color=C["hbm"])
+    ax.add_patch(Rectangle((0.2, 3.3), 10.1, 1.1, fc=C["smem"], alpha=0.18, ec=C["smem"]))
+    ax.text(0.35, 3.85, "SM\n(on chip)", fontsize=9, weight="bold", va="center", color="#2a7f99")
+    kernels = [("kernel 1\n" + r"$S = Q K^\top$", "Q, K", "S", r"read $2Nd$", r"write $N^2$"),
+               ("kernel 2\n" + r"$P = \mathrm{softmax}(S)$", "S", "P", r"read $N^2$", r"write $N^2$"),
+               ("kernel 3\n" + r"$O = P V$", "P, V", "O", r"read $N^2 + Nd$", r"write $Nd$")]
+    trip = 1
+    for k, (name, rd, wr, rdn, wrn) in enumerate(kernels):
+        x = 1.6 + k * 3.0
+        _box(ax, x, 3.45, 2.2, 0.8, name, "white", fs=9)
+        _box(ax, x - 0.05, 0.45, 0.9, 0.6, rd, "#f7d7d6", fs=9)
+        _box(ax, x + 1.35, 0.45, 0.9, 0.6, wr, "#f7d7d6", fs=9)
+        _arrow(ax, (x + 0.4, 1.1), (x + 0.4, 3.4), color=C["ink"])
+        _arrow(ax, (x + 1.8, 3.4), (x + 1.8, 1.1), color=C["hbm"])
+        ax.text(x + 0.32, 1.75, f"{trip}: load\n{rdn}", fontsize=8, ha="right", va="center")
+        ax.text(x + 1.88, 2.8, f"{trip + 1}: store\n{wrn}", fontsize=8, ha="left", va="center",
+                color=C["hbm"])
+        trip += 2
+    ax.text(5.25, 4.75, r"Vanilla attention: 3 loads + 3 stores; HBM traffic $\approx 4N^2 + 4Nd$ elements"
+            r" per head, so $O(N^2)$ bytes for $4N^2d$ FLOPs", ha="center", fontsize=10)
+    ax.text(5.25, 0.05, "FlashAttention fuses the three kernels: S and P stay on chip, "
+            r"traffic $\approx 4Nd$ elements (read Q, K, V; write O)", ha="center", fontsize=9,
+            color="#2a7f99")
+    return _save(fig, "hbm_trips_vanilla", out)
+
+
+# --- 9. FA1 vs FA2 loop order ----------------------------------------------------------------
+def loop_order(out):
+    fig, axs = plt.subplots(1, 2, figsize=(10, 4.2))
+    Tr, Tc = 4, 4
+    for ax, fa2 in zip(axs, (False, True)):
+        ax.set_xlim(-0.3, Tc + 0.3)
+        ax.set_ylim(-0.9, Tr + 0.6)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        for i in range(Tr):
+            for j in range(Tc):
+                order = (i * Tc + j) if fa2 else (j * Tr + i)
+                ax.add_patch(Rectangle((j, Tr - 1 - i), 1, 1, fc=plt.cm.Blues(0.15 + 0.7 * order / 15),
+                                       ec=C["ink"]))
+                ax.text(j + 0.5, Tr - 0.5 - i, str(order + 1), ha="center", va="center", fontsize=9,
+                        color="white" if order > 8 else "black")
+        if fa2:
+            for i in range(Tr):
+                _arrow(ax, (0.1, Tr - 0.8 - i), (Tc - 0.1, Tr - 0.8 - i), color=C["diag"], lw=1.2, ms=8)
+            ax.set_title("FA2: outer loop over Q_i (one program each),\ninner loop over K_j, V_j",
+                         fontsize=10)
+            ax.text(Tc / 2, -0.55, "O_i, m_i, l_i stay in registers; rows are independent\n"
+                    "-> parallel over Tr x B x H programs", ha="center", fontsize=8.5)
+        else:
+            for j in range(Tc):
+                _arrow(ax, (j + 0.8, Tr - 0.1), (j + 0.8, 0.1), color=C["diag"], lw=1.2, ms=8)
+            ax.set_title("FA1: outer loop over K_j, V_j,\ninner loop over Q_i", fontsize=10)
+            ax.text(Tc / 2, -0.55, "O_i, m_i, l_i read and written to HBM every step;\n"
+                    "parallel only over B x H", ha="center", fontsize=8.5)
+    fig.suptitle("Order in which the tiles of S are visited (number = step; FA2's rows run in parallel)",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return _save(fig, "loop_order", out)
+
+
+FIGURES = {f.__name__: f for f in (memory_hierarchy, roofline, tiling_grid, online_softmax_update,
+                                     triton_program_id, causal_tiles, gqa_heads, hbm_trips_vanilla,
+                                     loop_order)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="figures to draw (default: all)")
+    ap.add_argument("--out", default=HERE, help="output folder (default: diagrams/)")
+    ap.add_argument("--list", action="store_true", help="print the figure names and exit")
+    a = ap.parse_args(argv)
+    if a.list:
+        print("\n".join(FIGURES))
+        return 0
+    bad = [n for n in a.names if n not in FIGURES]
+    if bad:
+        ap.error(f"unknown figure(s) {bad}; known: {', '.join(FIGURES)}")
+    os.makedirs(a.out, exist_ok=True)
+    plt.rcParams.update({"font.family": "DejaVu Sans", "svg.hashsalt": "facourse"})
+    for n in a.names or list(FIGURES):
+        path = FIGURES[n](a.out)
+        print(f"{path}  ({os.path.getsize(path) // 1024} KB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
