@@ -11,3 +11,4 @@ from .reference import (AttentionInputError, causal_mask, default_scale, kv_head
                         reference_attention, torch_attention, validate_inputs)
 
 __all__ = [name for name in dir() if not name.startswith("_")]
+from .softmax_check import MERGE_CASES, SOFTMAX_CASES, SoftmaxCheckError, check_merge_fn, check_softmax_fn, reference_softmax  # noqa: E402 (steps 02-03)

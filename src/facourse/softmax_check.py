@@ -1,0 +1,439 @@
+"""The one check of the softmax steps (02 safe softmax, 03 online softmax and the (m, l) merge).
+
+    softmax(x)_j = exp(x_j - m) / l,   m = max_j x_j,   l = sum_j exp(x_j - m)
+
+A result passes when it has x's shape, dtype and device, leaves x untouched, is finite, and is
+within ``2 * (PyTorch's own rounding in that dtype) + slack(dtype)`` of a float64 reference,
+element by element. A row whose entries are all ``-inf`` (a query that sees no key) has, by this
+course's definition, softmax **zeros** (the same convention as an empty attention row: o = 0).
+
+Inputs come from named cases drawn from a fresh seed (``SOFTMAX_CASES``, ``MERGE_CASES``). A
+failure raises :class:`SoftmaxCheckError` (an ``AssertionError``) naming the case, the rows,
+and the likely cause ("no max subtraction: exp overflowed", "alpha rescale missing", ...).
+Like ``check_entry_point``, these functions print one line on success and return nothing.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import warnings
+
+import torch
+
+from .check import nan_filled_allocations
+from .configs import default_device, default_dtype, get_config, make_inputs
+from .reference import causal_mask, default_scale
+
+#: Extra absolute slack over twice PyTorch's own error, per dtype (softmax values lie in [0, 1]).
+SLACK = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+#: The cases of check_softmax_fn: name -> what it draws.
+SOFTMAX_CASES = {
+    "small": "attention scores of the 'small' configuration (causal, so rows hold -inf entries)",
+    "medium": "attention scores of 'medium' (causal)",
+    "large": "attention scores of 'large' (causal, long rows)",
+    "noncausal": "attention scores of 'noncausal' (no -inf entries)",
+    "asymmetric": "attention scores of 'asymmetric' (Sq=128 rows of Skv=2048 keys, bottom-right causal)",
+    "ragged": "rows of many lengths (1, 2, 31, 33, 100, 333, 1000, ...), no multiple of a block size",
+    "overflow": "logits in the hundreds (fp32) and tens (fp16): exp() overflows without max subtraction",
+    "masked": "rows containing -inf entries, some starting with long runs of -inf (left padding)",
+    "all_masked": "fully -inf rows (queries that see no key) among ordinary rows: softmax must give 0",
+    "half": "float16 inputs of moderate size",
+    "other_dims": "softmax over dim 0, 1 and -2 of a 3-d tensor (safe_softmax only)",
+}
+
+#: The cases of check_merge_fn.
+MERGE_CASES = {
+    "random": "two states of random rows split at random points",
+    "empty": "states of empty blocks (m = -inf, l = 0) on one side or on both",
+    "large": "maxima in the thousands: exp(m) itself overflows, only differences of maxima may be exponentiated",
+    "chain": "many blocks merged left to right and as a tree: the merge must be associative",
+}
+
+
+class SoftmaxCheckError(AssertionError):
+    """A softmax result that breaks the rule. The message teaches what went wrong."""
+
+
+# ----------------------------------------------------------------------------- references
+def reference_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax in float64; fully -inf rows give zeros (the course's convention)."""
+    x = x.detach().to(torch.float64)
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    e = torch.exp(x - m)
+    l = e.sum(dim=dim, keepdim=True)
+    return torch.where(l > 0, e / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(e))
+
+
+def reference_state(x: torch.Tensor):
+    """(m, l) of the rows of x over the last dim, in float64: m = max, l = sum exp(x - m)."""
+    x = x.detach().to(torch.float64)
+    m = x.amax(dim=-1)
+    m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    l = torch.exp(x - m_safe[..., None]).sum(dim=-1)
+    return m, l
+
+
+def _torch_softmax(x, dim):
+    """PyTorch's softmax in x's dtype, fully -inf rows set to 0: the rounding yardstick."""
+    return torch.nan_to_num(torch.softmax(x, dim=dim), nan=0.0).to(torch.float64)
+
+
+# ----------------------------------------------------------------------------- case inputs
+def _scores(name, seed, device, dtype):
+    """scale * Q K^T of one attention configuration (causal mask as -inf), as [B, Hq, Sq, Skv]."""
+    cfg = get_config(name, device)
+    q, k, _ = make_inputs(cfg, seed, device, torch.float32)
+    idx = torch.arange(cfg.Hq, device=q.device) // cfg.group
+    s = torch.matmul(q, k.index_select(1, idx).transpose(-1, -2)) * default_scale(cfg.D)
+    if cfg.causal:
+        s = s.masked_fill(~causal_mask(cfg.Sq, cfg.Skv, q.device), float("-inf"))
+    return s.to(dtype)
+
+
+def case_inputs(case: str, seed: int, device=None, dtype=None):
+    """The inputs of a case: a list of (label, x, dim)."""
+    if case not in SOFTMAX_CASES:
+        raise KeyError(f"unknown softmax case {case!r}; known: {', '.join(SOFTMAX_CASES)}")
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    g = torch.Generator().manual_seed(int(seed))
+
+    def randn(*shape, s=1.0, dt=None):
+        return (torch.randn(*shape, generator=g) * s).to(device=device, dtype=dt or dtype)
+
+    if case in ("small", "medium", "large", "noncausal", "asymmetric"):
+        return [(f"scores of {case}", _scores(case, seed, device, dtype), -1)]
+    if case == "ragged":
+        lengths = (1, 2, 3, 31, 33, 63, 65, 100, 127, 129, 200, 333, 1000)
+        return [(f"rows of length {n}", randn(3, 5, n, s=3.0), -1) for n in lengths]
+    if case == "overflow":
+        x32 = randn(64, 300, s=200.0, dt=torch.float32)        # exp(500) = inf in fp32 (max ~ exp(88.7))
+        x32[::7, 5] = 3.0e4                                   # one dominant logit in some rows
+        x16 = randn(64, 300, s=30.0, dt=torch.float16)        # exp(20) = inf in fp16 (max ~ exp(11.1))
+        x16[::5, 17] = 6.0e4
+        big = _scores("small", seed, device, torch.float32) * 64.0   # attention logits of 'overflow' size
+        return [("fp32 logits of std 200", x32, -1), ("fp16 logits of std 30", x16, -1),
+                ("attention scores times 64 (causal)", big.to(dtype), -1)]
+    if case == "masked":
+        x = randn(48, 700, s=3.0)
+        cols = torch.arange(700, device=device)
+        lead = (torch.arange(48, device=device) * 37) % 690       # left padding: -inf before column lead[r]
+        x = x.masked_fill(cols[None, :] < lead[:, None], float("-inf"))
+        holes = torch.rand(48, 700, generator=g).to(device) < 0.3   # and scattered holes
+        holes[:, -1] = False                                      # every row keeps one finite entry
+        x = x.masked_fill(holes, float("-inf"))
+        return [("rows with leading runs and holes of -inf", x, -1)]
+    if case == "all_masked":
+        x = randn(40, 257, s=3.0)
+        x[::3] = float("-inf")                                    # every third row sees nothing
+        x[1::6, :128] = float("-inf")                             # others start with 128 masked columns
+        empty = _scores("empty_rows", seed, device, dtype)        # Sq > Skv causal: first rows empty
+        return [("every third row fully -inf", x, -1), ("scores of empty_rows (Sq > Skv, causal)", empty, -1)]
+    if case == "half":
+        return [("fp16 rows", randn(64, 777, s=2.0, dt=torch.float16), -1),
+                ("fp16 scores of small", _scores("small", seed, device, torch.float16), -1)]
+    # other_dims
+    x = randn(300, 6, 7, s=3.0)
+    return [("dim 0 of [300, 6, 7]", x, 0), ("dim 1 of [300, 6, 7]", x, 1), ("dim -2 of [300, 6, 7]", x, -2)]
+
+
+# ----------------------------------------------------------------------------- buggy variants
+def _online_variant(x, block_size, bug):
+    """Online softmax over the last dim in float64 with a deliberate bug, to recognise it."""
+    x = x.detach().to(torch.float64)
+    n = x.shape[-1]
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=torch.float64, device=x.device)
+    l = torch.zeros_like(m)
+    for j0 in range(0, n, block_size):
+        blk = x[..., j0:j0 + block_size]
+        m_new = torch.maximum(m, blk.amax(dim=-1))
+        safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(blk - safe[..., None]).sum(dim=-1)
+        if bug == "no_alpha":
+            l = l + p
+        elif bug == "alpha_sign":
+            l = l * torch.exp(safe - torch.where(torch.isneginf(m), safe, m)) + p
+        m = m_new
+    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    e = torch.exp(x - safe[..., None])
+    return torch.where(l[..., None] > 0, e / torch.where(l > 0, l, torch.ones_like(l))[..., None],
+                       torch.zeros_like(e))
+
+
+def _row_desc(bad: torch.Tensor, limit: int = 6) -> str:
+    """Which rows (of the tensor flattened to rows) are wrong."""
+    rows = torch.nonzero(bad.flatten()).flatten().tolist()
+    shown = ", ".join(str(r) for r in rows[:limit]) + (", …" if len(rows) > limit else "")
+    return f"{len(rows)} of {bad.numel()} rows (flattened row index {shown})"
+
+
+def _diagnose(x, out, dim, block_size, bad, tol):
+    """The likely cause of a wrong result. ``bad`` marks wrong elements (NaN/inf or off by > tol)."""
+    x64 = x.detach().to(torch.float64).movedim(dim, -1)
+    o64 = out.detach().to(torch.float64).movedim(dim, -1)
+    bad = bad.movedim(dim, -1)
+    n = x64.shape[-1]
+    bad_rows = bad.any(dim=-1)
+    all_inf = torch.isneginf(x64).all(dim=-1)
+    nonfinite = bool((~torch.isfinite(o64)).any())
+    if bool((bad_rows & all_inf).any()) and not bool((bad_rows & ~all_inf).any()):
+        got = "NaN" if nonfinite else "nonzero values"
+        return (f"only the rows whose entries are all -inf are wrong ({got}): their max m is -inf and "
+                "x - m = -inf - (-inf) = NaN. This course defines the softmax of a fully -inf row as "
+                "zeros (a query that sees no key contributes nothing): when m is -inf, subtract 0 "
+                "instead, and output 0 where l == 0")
+    if block_size is not None:
+        tail = (n // block_size) * block_size
+        # columns with NaN/inf when there are any (an unwritten tail), else columns with wrong values
+        cols = (~torch.isfinite(o64)) if nonfinite else bad
+        bad_cols = cols.reshape(-1, n).any(dim=0)
+        if tail < n and bool(bad_cols[tail:].all()) and not bool(bad_cols[:tail].any()):
+            return (f"only columns {tail}-{n - 1}, the last partial block, are wrong: the loop over blocks "
+                    f"stops before the last, shorter block (n = {n} is no multiple of block_size = "
+                    f"{block_size}); use range(0, n, block_size) and slice x[..., j:j + block_size]")
+        lead_inf = torch.isneginf(x64[..., :block_size]).all(dim=-1) & ~all_inf
+        if bool((bad_rows & lead_inf).any()) and not bool((bad_rows & ~lead_inf & ~all_inf).any()):
+            return ("only rows whose first block is all -inf are wrong: while m is still -inf, alpha = "
+                    "exp(m_old - m_new) = exp(-inf - (-inf)) = NaN, and the NaN poisons l. Guard it: when "
+                    "m_new is -inf nothing has been seen yet, so use 0 in place of m_new in the exponents "
+                    "(the merge of two empty states is empty)")
+
+    def close(alt):
+        return bool(((o64 - alt).abs() <= tol).all())
+
+    if block_size is not None and not nonfinite:
+        if close(_online_variant(x64, block_size, "no_alpha")):
+            return ("alpha rescale missing: when a block raises the running max from m_old to m_new, the "
+                    "sum so far was taken relative to m_old and must be rescaled, l = l * exp(m_old - "
+                    "m_new) + sum(exp(x_block - m_new)). Rows whose max comes after their first block "
+                    "are the wrong ones")
+        if close(_online_variant(x64, block_size, "alpha_sign")):
+            return "the rescale has the wrong sign: alpha = exp(m_old - m_new) (<= 1), not exp(m_new - m_old)"
+    finmax = torch.where(torch.isfinite(x64), x64.abs(), torch.zeros_like(x64)).amax(dim=-1)
+    big = finmax > 80.0                 # exp(80) is inf in fp16 and near fp32's limit (exp(88.7))
+    if bool(big.any()) and bool((bad_rows & big).any()) and not bool((bad_rows & ~big & ~all_inf).any()):
+        return ("no max subtraction: exp overflowed. Only the rows with logits in the hundreds are wrong; "
+                "exp(x) is inf above 88.7 in float32 and above 11.1 in float16, and inf/inf = NaN (or 0 "
+                "after nan_to_num). Subtract the row max first: softmax(x) = softmax(x - max x)")
+    if nonfinite:
+        return ("NaN or inf in the output: an element never written (new allocations are NaN-filled "
+                "here), a division 0/0, or exp() of a large number")
+    if close(torch.zeros_like(o64)):
+        return "the output is all zeros: was the result written back?"
+    xd = x.detach().to(torch.float64)
+    for other in range(x.dim()):
+        if other != dim % x.dim() and x.shape[other] > 1 and close(reference_softmax(xd, other).movedim(dim, -1)):
+            return (f"this is the softmax over dim {other}, not over dim {dim % x.dim()}: use the dim "
+                    "argument (max, sum and the division all along it)")
+    m = x64.amax(dim=-1, keepdim=True)
+    e = torch.exp(x64 - torch.where(torch.isneginf(m), torch.zeros_like(m), m))
+    if close(e):
+        return "the output is exp(x - m), not divided by the row sum l: normalise, softmax = exp(x - m) / l"
+    sums = o64.sum(dim=-1)
+    if bool((((sums - 1).abs() > 1e-2) & ~all_inf).any()):
+        return ("rows do not sum to 1: the normaliser l must be the sum of exp(x - m) over the whole row, "
+                "with the same m as the numerator")
+    return ("the values are off by more than rounding: compute m, exp and the sums in float32 (or better) "
+            "even when x is float16, and cast the result back to x.dtype at the end")
+
+
+# ----------------------------------------------------------------------------- the softmax check
+def check_softmax_result(out, x, dim=-1, *, label="custom", block_size=None, tag="[custom]"):
+    """Check ``out`` against the float64 softmax of ``x`` along ``dim``; raise SoftmaxCheckError.
+
+    Returns (max error, tolerance) when it passes.
+    """
+    where = f"{tag} {label}:"
+    if not isinstance(out, torch.Tensor):
+        raise SoftmaxCheckError(f"{where} the result must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(x.shape):
+        raise SoftmaxCheckError(f"{where} the result has shape {tuple(out.shape)}; it must have x's shape "
+                                f"{tuple(x.shape)}")
+    if out.dtype != x.dtype:
+        raise SoftmaxCheckError(f"{where} the result has dtype {out.dtype}; it must have x's dtype {x.dtype} "
+                                "(compute in float32 if you like, then cast back)")
+    if out.device != x.device:
+        raise SoftmaxCheckError(f"{where} the result is on {out.device}; it must stay on {x.device}")
+    if x.numel() == 0:
+        return 0.0, 0.0
+    o64 = out.detach().to(torch.float64)
+    ref = reference_softmax(x, dim)
+    torch_err = float((_torch_softmax(x, dim) - ref).abs().max())
+    tol = 2.0 * torch_err + SLACK[x.dtype]
+    nonfinite = ~torch.isfinite(o64)
+    err = (o64 - ref).abs().masked_fill(nonfinite, float("inf"))
+    bad = err > tol
+    if bad.any():
+        bad_rows = bad.movedim(dim, -1).any(dim=-1)
+        cause = _diagnose(x, out, dim, block_size, bad, tol)
+        if nonfinite.any():
+            what = f"NaN or inf in {_row_desc(nonfinite.movedim(dim, -1).any(dim=-1))}"
+        else:
+            flat = int(torch.argmax(err))
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
+            what = (f"wrong values in {_row_desc(bad_rows)}: max|out - ref| = {float(err.max()):.3g}, "
+                    f"allowed {tol:.3g} (twice PyTorch's own {str(x.dtype).replace('torch.', '')} error "
+                    f"{torch_err:.2g} plus {SLACK[x.dtype]:g}).\n"
+                    f"  worst element at index {idx}: got {float(o64[idx]):.6g}, expected {float(ref[idx]):.6g}")
+        raise SoftmaxCheckError(f"{where} {what}\n  likely cause: {cause}")
+    return float(err.max()), tol
+
+
+def _call(fn, x, dim, block_size, where):
+    copy = x.clone()
+    with nan_filled_allocations(x.device), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(x, block_size) if block_size is not None else fn(x, dim=dim)
+    # nbgrader scores a test cell 0 when anything reaches stderr: report warnings on stdout.
+    for w in {str(w.message) for w in caught}:
+        print(f"note: the call raised a warning: {w}")
+    if not torch.equal(torch.nan_to_num(x), torch.nan_to_num(copy)) or not torch.equal(x.isnan(), copy.isnan()):
+        raise SoftmaxCheckError(f"{where} x was modified by the call: a softmax must leave its input "
+                                "untouched (no in-place sub_/exp_/div_ on x)")
+    return out
+
+
+def check_softmax_fn(fn, case: str = "small", *, block_size: int | None = None, seed: int | None = None,
+                     device=None, dtype=None, verbose: bool = True) -> None:
+    """Draw the inputs of ``case`` and check ``fn`` on each.
+
+    Without ``block_size`` the call is ``fn(x, dim=dim)`` (safe_softmax); with it, ``fn(x, block_size)``
+    over the last dim (online_softmax). ``dtype`` overrides the case's default (fp16 on a GPU, fp32 on
+    a CPU; some cases fix their own). Prints one line on success, raises SoftmaxCheckError otherwise.
+    """
+    seed = secrets.randbits(31) if seed is None else int(seed)
+    tag = f"[{case}" + (f", block_size={block_size}" if block_size is not None else "") + f"] (seed {seed})"
+    inputs = case_inputs(case, seed, device, dtype)
+    if block_size is not None:
+        if any(d not in (-1,) for _, _, d in inputs):
+            raise ValueError(f"case {case!r} checks other dims; online softmax works over the last dim only")
+        if not (isinstance(block_size, int) and block_size >= 1):
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    worst = 0.0
+    for label, x, dim in inputs:
+        out = _call(fn, x, dim, block_size, f"{tag} {label}:")
+        err, _ = check_softmax_result(out, x, dim, label=label, block_size=block_size, tag=tag)
+        worst = max(worst, err)
+    if verbose:
+        print(f"{tag} passed: {len(inputs)} input(s), max|out - ref| {worst:.2e}")
+
+
+# ----------------------------------------------------------------------------- the merge check
+def _merge_inputs(case, seed, device):
+    g = torch.Generator().manual_seed(int(seed))
+    dev = torch.device(device) if device is not None else default_device()
+
+    def randn(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s).to(dev)
+
+    if case not in MERGE_CASES:
+        raise KeyError(f"unknown merge case {case!r}; known: {', '.join(MERGE_CASES)}")
+    if case == "random":
+        return randn(4, 8, 300, s=3.0), 1 + int(torch.randint(1, 298, (1,), generator=g))
+    if case == "large":
+        x = randn(4, 8, 300, s=3.0) + randn(4, 8, 1, s=3000.0)      # maxima in the thousands
+        x[0, :, 200:] += 500.0                                        # the second half wins in some rows
+        return x, 150
+    if case == "empty":
+        x = randn(6, 200, s=3.0)
+        x[0:2, :100] = float("-inf")                                  # first state empty
+        x[2:4, 100:] = float("-inf")                                  # second state empty
+        x[4:6, :] = float("-inf")                                     # both empty
+        return x, 100
+    return randn(3, 4, 257, s=5.0), None                             # chain
+
+
+def check_merge_fn(fn, case: str = "random", *, seed: int | None = None, device=None,
+                   verbose: bool = True) -> None:
+    """Check ``fn(m_a, l_a, m_b, l_b) -> (m, l)``, the merge of two softmax states.
+
+    A state (m, l) of a block of logits is its max m and l = sum exp(x - m); an empty block has
+    m = -inf, l = 0. The merge of the states of two blocks must be the state of their union.
+    """
+    seed = secrets.randbits(31) if seed is None else int(seed)
+    tag = f"[merge {case}] (seed {seed})"
+    x, split = _merge_inputs(case, seed, device)
+    x32 = x.float()
+
+    def state(t):
+        m, l = reference_state(t)
+        return m.float(), l.float()
+
+    def merge(a, b, what):
+        copies = [t.clone() for t in (*a, *b)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = fn(a[0], a[1], b[0], b[1])
+        for w in {str(w.message) for w in caught}:
+            print(f"note: the call raised a warning: {w}")
+        if not all(torch.equal(t, c) for t, c in zip((*a, *b), copies)):
+            raise SoftmaxCheckError(f"{tag} {what}: an input was modified by the call")
+        if not (isinstance(res, (tuple, list)) and len(res) == 2 and all(isinstance(t, torch.Tensor) for t in res)):
+            raise SoftmaxCheckError(f"{tag} {what}: the merge must return a pair of tensors (m, l)")
+        m, l = res
+        if tuple(m.shape) != tuple(a[0].shape) or tuple(l.shape) != tuple(a[1].shape):
+            raise SoftmaxCheckError(f"{tag} {what}: (m, l) have shapes {tuple(m.shape)}, {tuple(l.shape)}; "
+                                    f"they must have the inputs' shape {tuple(a[0].shape)}")
+        return m, l
+
+    def compare(got, want, parts, what):
+        m, l = (t.detach().to(torch.float64) for t in got)
+        m_ref, l_ref = want
+        a, b = parts
+        bad_nan = torch.isnan(m) | torch.isnan(l) | torch.isinf(l)
+        if bad_nan.any():
+            both_empty = torch.isneginf(a[0].double()) & torch.isneginf(b[0].double())
+            if bool((bad_nan & both_empty).any()):
+                cause = ("merging two empty states (m_a = m_b = -inf): m = -inf and exp(m_a - m) = exp(-inf - "
+                         "(-inf)) = NaN. The merge of two empty states is empty: return m = -inf, l = 0 "
+                         "(use 0 in place of m in the exponents when m is -inf)")
+            elif bool((torch.isinf(l) | torch.isnan(l)).any()) and float(m_ref[torch.isfinite(m_ref)].abs().max()) > 80:
+                cause = ("exp of a maximum itself overflowed: with maxima in the thousands, exp(m_a) is inf. "
+                         "Only exponentiate differences: l = l_a * exp(m_a - m) + l_b * exp(m_b - m), m = max")
+            else:
+                cause = "NaN or inf in (m, l): look at exp(m_a - m) and exp(m_b - m) where m is -inf"
+            raise SoftmaxCheckError(f"{tag} {what}: NaN or inf in {_row_desc(bad_nan)}.\n  likely cause: {cause}")
+        m_err = (m - m_ref).abs().masked_fill(torch.isneginf(m) & torch.isneginf(m_ref), 0.0)
+        m_bad = (m_err > 1e-6 * (1 + m_ref.abs().nan_to_num(posinf=0.0, neginf=0.0))) | torch.isnan(m_err)
+        if m_bad.any():
+            raise SoftmaxCheckError(
+                f"{tag} {what}: m is wrong in {_row_desc(m_bad)}.\n  likely cause: the merged max is "
+                "m = max(m_a, m_b) (torch.maximum), and -inf for two empty states")
+        l_bad = (l - l_ref).abs() > 2e-5 * l_ref.abs() + 1e-30
+        if l_bad.any():
+            la, lb = a[1].double(), b[1].double()
+            if bool(((l - (la + lb)).abs() <= 2e-5 * (la + lb).abs() + 1e-30)[l_bad].all()):
+                cause = ("alpha rescale missing: l_a and l_b are sums relative to their own maxima; bring both "
+                         "to the common max first, l = l_a * exp(m_a - m) + l_b * exp(m_b - m)")
+            else:
+                cause = ("l must be l_a * exp(m_a - m) + l_b * exp(m_b - m) with m = max(m_a, m_b); "
+                         "an empty state (m = -inf, l = 0) contributes 0")
+            raise SoftmaxCheckError(f"{tag} {what}: l is wrong in {_row_desc(l_bad)}.\n  likely cause: {cause}")
+
+    if case != "chain":
+        a = state(x32[..., :split])
+        b = state(x32[..., split:])
+        want = reference_state(x32)
+        compare(merge(a, b, "merge(a, b)"), want, (a, b), "merge(a, b)")
+        compare(merge(b, a, "merge(b, a)"), want, (b, a), "merge(b, a) (the merge must be symmetric)")
+        n = int(a[0].numel())
+    else:
+        want = reference_state(x32)
+        bounds = list(range(0, x32.shape[-1], 37)) + [x32.shape[-1]]
+        states = [state(x32[..., j0:j1]) for j0, j1 in zip(bounds[:-1], bounds[1:])]
+        acc = (torch.full_like(states[0][0], float("-inf")), torch.zeros_like(states[0][1]))  # empty state
+        for s, j1 in zip(states, bounds[1:]):
+            prev = acc
+            acc = merge(acc, s, "left-to-right fold from the empty state")
+            compare(acc, reference_state(x32[..., :j1]), (prev, s),
+                    f"left-to-right fold from the empty state, after column {j1}")
+        level = states
+        while len(level) > 1:
+            nxt = [merge(level[i], level[i + 1], "tree merge") for i in range(0, len(level) - 1, 2)]
+            level = nxt + ([level[-1]] if len(level) % 2 else [])
+        compare(level[0], want, (level[0], level[0]), f"tree merge of {len(states)} blocks (associativity)")
+        n = int(want[0].numel())
+    if verbose:
+        print(f"{tag} passed: {n} rows")
