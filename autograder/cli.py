@@ -5,8 +5,9 @@
     python -m autograder export                  # grades CSV + table from the gradebook
     python -m autograder demo                    # release, autograde autograder/samples, print grades
 
-Each submission is graded by its own nbgrader process with a wall-clock limit, so one that hangs
-or crashes costs its own points and never stops the run.
+Submissions are copied into the workspace (grading/ by default) and graded there, each by its
+own nbgrader process with a wall-clock limit, so one that hangs or crashes costs its own points
+and never stops the run; the original files are never modified.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -141,6 +143,46 @@ def _precheck(folder: Path, assignment: str) -> str | None:
     return None
 
 
+def _restore_deleted_cells(path: Path, assignment: str) -> list[str]:
+    """Put back graded and locked cells a student deleted, from the release, at their place.
+
+    nbgrader's own ``add_missing_cells`` fails when the cell before a deleted one is a plain
+    locked cell; doing it here keeps every test running. Returns the restored grade_ids.
+    """
+    release_nb = json.loads((EXERCISES / assignment / path.name).read_text(encoding="utf-8"))
+    nb = json.loads(path.read_text(encoding="utf-8"))
+
+    def gid(cell):
+        return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+    present = {gid(c) for c in nb["cells"]} - {None}
+    restored = []
+    for i, cell in enumerate(release_nb["cells"]):
+        g = gid(cell)
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if g is None or g in present or not (meta.get("grade") or meta.get("locked") or meta.get("solution")):
+            continue
+        # after the nearest earlier release cell that the submission still has
+        at = 0
+        for prev in reversed(release_nb["cells"][:i]):
+            if gid(prev) in present:
+                at = next(j for j, c in enumerate(nb["cells"]) if gid(c) == gid(prev)) + 1
+                break
+        nb["cells"].insert(at, cell)
+        present.add(g)
+        restored.append(g)
+    if restored:
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False), encoding="utf-8")
+    return restored
+
+
+def _stage(src: Path, dst: Path) -> None:
+    """Copy one submission folder into the workspace; grading never touches the original."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+
+
 def _collect(workspace: Path, student: str, assignment: str, res: Result) -> None:
     """Fill score, failed tests and their messages from the gradebook and the graded notebook."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -149,7 +191,7 @@ def _collect(workspace: Path, student: str, assignment: str, res: Result) -> Non
         try:
             sub = gb.find_submission(assignment, student)
         except MissingEntry:
-            res.status = res.status if res.status != "graded" else "not graded"
+            res.status = res.status if not res.status.startswith("graded") else "not graded"
             res.max_score = gb.find_assignment(assignment).max_score if _has_assignment(gb, assignment) else 0
             return
         res.score, res.max_score = float(sub.score), float(sub.max_score)
@@ -196,13 +238,19 @@ def autograde(submissions: Path, workspace: Path, selected: list[str] | None = N
         bar.set_postfix_str(f"{student}/{a}")
         res = Result(student, a)
         t0 = time.perf_counter()
-        problem = _precheck(submissions / student / a, a)
+        staged = workspace / "submitted" / student / a
+        _stage(submissions / student / a, staged)
+        problem = _precheck(staged, a)
         if problem:
             res.status = f"not graded: {problem}"
         else:
+            restored = [g for nb in notebooks_of(a) if (staged / f"{nb}.ipynb").exists()
+                        for g in _restore_deleted_cells(staged / f"{nb}.ipynb", a)]
+            if restored:
+                res.status = f"graded (deleted cells restored: {', '.join(restored)})"
             try:
                 r = run_nbgrader(["autograde", a, "--student", student, "--force"], workspace,
-                                 timeout=timeout, FACOURSE_SUBMITTED=submissions)
+                                 timeout=timeout)
                 if r.returncode != 0:
                     res.status = f"autograde failed: {_last_error(r.stdout + r.stderr)}"
             except subprocess.TimeoutExpired:
