@@ -1,0 +1,45 @@
+"""GPU tier of the library: the check and the bench at full size. Skipped without a GPU."""
+import pytest
+import torch
+
+from facourse import (AttentionCheckError, bench_attention, check_entry_point, reference_attention,
+                      sdpa_reference)
+from facourse.configs import CONFIGS, EDGE_CASES
+
+pytestmark = pytest.mark.gpu
+
+
+def fp32_attention(q, k, v, causal=False, scale=None):
+    o, lse = reference_attention(q, k, v, causal, scale, dtype=torch.float32)
+    return o.to(q.dtype), lse
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", [*CONFIGS, *EDGE_CASES])
+def test_correct_results_pass_at_full_size(name, dtype):
+    check_entry_point(fp32_attention, name, dtype=dtype, expect_lse=True)
+
+
+def test_unwritten_rows_are_caught_on_the_gpu():
+    def forgets_last_row(q, k, v, causal=False, scale=None):
+        o = torch.empty_like(q)
+        o[:, :, :-1] = fp32_attention(q, k, v, causal, scale)[0][:, :, :-1]
+        return o
+    with pytest.raises(AttentionCheckError, match="never written"):
+        check_entry_point(forgets_last_row, "medium")
+
+
+@pytest.mark.parametrize("backend", ["FLASH_ATTENTION", "CUDNN_ATTENTION"])
+def test_sdpa_reference_is_correct_with_gqa_and_bottom_right(backend):
+    fn, used = sdpa_reference(backend)
+    for name in ("small", "asymmetric", "noncausal"):
+        check_entry_point(fn, name)
+    assert used in ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+
+
+def test_bench_against_itself_is_even():
+    fn, _ = sdpa_reference("FLASH_ATTENTION")
+    res = bench_attention(fn, "large", backend="FLASH_ATTENTION", rounds=20)
+    print(res.summary())
+    assert 0.85 < res.ratio < 1.18, res
+    assert res.tflops_ref > 50 and res.backend == "FLASH_ATTENTION" and "large" in res.config
