@@ -187,3 +187,13 @@ def test_overflow_case_names_safe_softmax():
         p = torch.exp(s)
         return (p / p.sum(-1, keepdim=True)) @ v.repeat_interleave(g, 1)
     assert "subtract the row max" in run_fault(unsafe, EDGE_CASES["overflow"])
+
+
+@pytest.mark.parametrize("block_n,rescale_l", [(64, True), (32, False)])
+def test_names_a_missing_alpha_rescale(block_n, rescale_l):
+    from facourse.check import _without_alpha
+
+    def fault(q, k, v, causal=False, scale=None):
+        return _without_alpha(q, k, v, causal, scale, block_n)[0 if rescale_l else 1].to(q.dtype)
+    msg = run_fault(fault, "medium")
+    assert f"key tiles of {block_n}" in msg and "alpha" in msg

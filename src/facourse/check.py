@@ -152,6 +152,37 @@ def _variants(q, k, v, causal, scale):
     return out
 
 
+def _without_alpha(q, k, v, causal, scale, block_n: int):
+    """Online softmax over key tiles of ``block_n`` that forgets to rescale the accumulator by
+    alpha = exp(m_old - m_new), the classic bug. Returns two outputs: with the running sum l
+    rescaled correctly, and with l not rescaled either."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    idx = torch.arange(Hq, device=q.device) // (Hq // Hkv)
+    dt = torch.float32 if q.device.type == "cuda" else torch.float64
+    S = torch.matmul(q.to(dt), k.to(dt).index_select(1, idx).transpose(-1, -2)) * default_scale(D, scale)
+    if causal:
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Skv, device=q.device)[None, :]
+        S = S.masked_fill(j > i + (Skv - Sq), float("-inf"))
+    V = v.to(dt).index_select(1, idx)
+    m = torch.full((B, Hq, Sq, 1), float("-inf"), dtype=dt, device=q.device)
+    l_good, l_bad = torch.zeros_like(m), torch.zeros_like(m)
+    acc = torch.zeros(B, Hq, Sq, D, dtype=dt, device=q.device)
+    for j0 in range(0, Skv, block_n):
+        s = S[..., j0:j0 + block_n]
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - safe)
+        rowsum = p.sum(-1, keepdim=True)
+        l_good = torch.exp(m - safe) * l_good + rowsum
+        l_bad = l_bad + rowsum
+        acc = acc + torch.matmul(p, V[..., j0:j0 + block_n, :])   # the bug: no alpha * acc
+        m = m_new
+    one = torch.ones_like(m)
+    return acc / torch.where(l_good == 0, one, l_good), acc / torch.where(l_bad == 0, one, l_bad)
+
+
 def _diagnose(o, ref, q, k, v, causal, scale, tol, bad_rows, cfg_name) -> str:
     o64 = o.to(torch.float64)
     if _max_abs(o64) <= 1e-6:
@@ -169,6 +200,15 @@ def _diagnose(o, ref, q, k, v, causal, scale, tol, bad_rows, cfg_name) -> str:
             continue
         if _max_abs(o64 - alt) <= tol:
             return cause
+    Skv = k.shape[2]
+    for bn in (32, 64, 128):
+        if bn >= Skv:
+            break
+        for rescale_l, alt in zip((True, False), _without_alpha(q, k, v, causal, scale, bn)):
+            if _max_abs(o64 - alt.to(torch.float64)) <= tol:
+                return (f"the output matches online softmax over key tiles of {bn} that does not "
+                        f"rescale the accumulator{'' if rescale_l else ' and the running sum'} by "
+                        "alpha = exp(m_old - m_new) when the running max grows: acc = alpha * acc + P V")
     rows = torch.nonzero(bad_rows.any(dim=(0, 1))).flatten().tolist()
     Sq = q.shape[2]
     if rows and rows[0] > 0 and rows == list(range(rows[0], rows[-1] + 1)) and rows[-1] == Sq - 1:
