@@ -1,0 +1,294 @@
+"""Anti-cheat for the hidden test cells. Grading only: never shipped to students.
+
+Hidden cells call these around the student's entry point:
+
+    check_entry_point(forbid_framework_attention(tiled_attention), "medium", expect_lse=True)
+    check_no_caching(forbid_framework_attention(tiled_attention), "medium", expect_lse=True)
+
+* :func:`forbid_framework_attention` wraps an entry point so that, while it runs, calling
+  PyTorch's own attention raises :class:`CheatDetected` (``scaled_dot_product_attention`` under
+  any name, its fused kernels, ``nn.MultiheadAttention``) and, unless ``allow_softmax``, a
+  softmax that spans all ``Skv`` keys at once (the full score matrix, which tiling exists to
+  avoid). It hooks both PyTorch's function layer (clear names) and its dispatcher (every route to
+  the same kernels: ``torch.ops.aten``, ``Tensor.softmax``, ``nn.Softmax``, ...). A call the
+  student's code catches and hides is still reported when the entry point returns.
+* :func:`check_no_caching` calls the entry point on two fresh draws of the same shape, on the
+  same inputs twice and on the same tensors refilled in place with new values; each result must
+  be right and earlier outputs must not change. A function that returns a cached or precomputed
+  output fails with a message that says so.
+* :func:`roofline_verdict` says whether a measured time is faster than the GPU can possibly run
+  the work (above its peak tensor throughput): then the measurement is not trusted and the perf
+  cell scores 0 (:func:`autograder.perf.perf_points` calls it).
+
+Inputs are always drawn from fresh seeds the student never sees; mutating the inputs and leaving
+part of the output unwritten are caught by ``facourse.check_entry_point`` itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import secrets
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from facourse import AttentionCheckError, check_attention, get_config, make_inputs
+
+#: A softmax over more keys than this, spanning all Skv of them, counts as "the full score matrix"
+#: (a default key tile is 64 wide; below this size a tile and the whole row cannot be told apart).
+MIN_KEYS = 64
+
+
+class CheatDetected(AssertionError):
+    """The entry point did something the exercise forbids. The message says what and why."""
+
+
+# ----------------------------------------------------------------------------- framework attention
+_F = torch.nn.functional
+_SDPA_FUNCS = {_F.scaled_dot_product_attention: "torch.nn.functional.scaled_dot_product_attention",
+               _F.multi_head_attention_forward: "torch.nn.functional.multi_head_attention_forward"}
+_SOFTMAX_FUNCS = {torch.softmax: "torch.softmax", _F.softmax: "torch.nn.functional.softmax",
+                  torch.Tensor.softmax: "Tensor.softmax", torch.special.softmax: "torch.special.softmax",
+                  torch.log_softmax: "torch.log_softmax", _F.log_softmax: "torch.nn.functional.log_softmax",
+                  torch.Tensor.log_softmax: "Tensor.log_softmax"}
+# Dispatcher-level names (aten::...): every route to PyTorch's attention kernels ends in one of these.
+_ATEN_ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention",
+                   "_fused_sdp", "_native_multi_head_attention", "_transformer_encoder")
+_ATEN_SOFTMAX = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax",
+                 "aten::_log_softmax", "aten::special_softmax")
+
+_ATTN_CAUSE = ("this step grades your own attention, so PyTorch's attention may not be called from "
+               "it: compute S = scale * Q K^T, the softmax and O = P V yourself, as the task says")
+_SOFTMAX_CAUSE = ("a softmax over all {skv} keys at once materialises the full score matrix, which "
+                  "is vanilla attention: loop over key tiles K_j, V_j and keep the running max m_i "
+                  "and sum l_i (online softmax) instead")
+
+
+def _softmax_dim(args, kwargs, aten: bool):
+    if aten:
+        return args[1] if len(args) > 1 else kwargs.get("dim", -1)
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return -1 if dim is None else dim
+
+
+class _Watch:
+    """Shared state of one guarded call: the score shape, what was seen, whether softmax is allowed."""
+
+    def __init__(self, name: str, skv: int, allow_softmax: bool):
+        self.name, self.skv, self.allow_softmax = name, skv, allow_softmax
+        self.violations: list[str] = []
+
+    def flag(self, api: str, cause: str) -> None:
+        msg = (f"[anti-cheat] {self.name} called {api} while it was being graded.\n"
+               f"  likely cause: {cause}")
+        self.violations.append(msg)
+        raise CheatDetected(msg)
+
+    def softmax(self, api: str, x, dim) -> None:
+        if self.allow_softmax or not isinstance(x, torch.Tensor) or x.dim() < 2:
+            return
+        try:
+            width = x.shape[dim]
+        except (IndexError, TypeError):
+            return
+        if self.skv > MIN_KEYS and width == self.skv:
+            self.flag(f"{api} over all {self.skv} keys", _SOFTMAX_CAUSE.format(skv=self.skv))
+
+
+class _FunctionGuard(TorchFunctionMode):
+    def __init__(self, watch: _Watch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _SDPA_FUNCS:
+            self.watch.flag(_SDPA_FUNCS[func], _ATTN_CAUSE)
+        if func in _SOFTMAX_FUNCS and args:
+            self.watch.softmax(_SOFTMAX_FUNCS[func], args[0], _softmax_dim(args, kwargs, False))
+        return func(*args, **kwargs)
+
+
+class _DispatchGuard(TorchDispatchMode):
+    def __init__(self, watch: _Watch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.name()
+        if any(s in name for s in _ATEN_ATTENTION):
+            self.watch.flag(f"PyTorch's attention kernel ({name})", _ATTN_CAUSE)
+        if name.split(".")[0] in _ATEN_SOFTMAX and args:
+            self.watch.softmax(name.split(".")[0], args[0], _softmax_dim(args, kwargs, True))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
+                                  allow_softmax: bool = False):
+    """While the block runs, PyTorch's attention (and a softmax over all ``skv`` keys unless
+    ``allow_softmax``) raises :class:`CheatDetected`; a hidden violation is raised at the end."""
+    watch = _Watch(name, skv, allow_softmax)
+    mha = torch.nn.MultiheadAttention.forward
+
+    def forbidden_mha(*args, **kwargs):
+        watch.flag("torch.nn.MultiheadAttention", _ATTN_CAUSE)
+
+    torch.nn.MultiheadAttention.forward = forbidden_mha
+    try:
+        with _FunctionGuard(watch), _DispatchGuard(watch):
+            yield watch
+    finally:
+        torch.nn.MultiheadAttention.forward = mha
+    if watch.violations:            # raised inside, but the student's code caught it
+        raise CheatDetected(watch.violations[0] + "\n  (the error was caught inside the function; "
+                            "it still counts)")
+
+
+def forbid_framework_attention(fn, allow_softmax: bool = False):
+    """``fn`` wrapped so that it may not call PyTorch's attention while it runs (see module doc).
+
+    Step 01 (vanilla attention) passes ``allow_softmax=True``: it may use ``torch.softmax`` but not
+    SDPA. Steps 04 and later use the default, which also forbids a softmax over the whole row.
+    """
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "the entry point")
+
+    @functools.wraps(fn)
+    def guarded(q, k, v, *args, **kwargs):
+        skv = k.shape[-2] if isinstance(k, torch.Tensor) and k.dim() >= 2 else 0
+        with framework_attention_forbidden(name, skv, allow_softmax):
+            return fn(q, k, v, *args, **kwargs)
+
+    return guarded
+
+
+# ----------------------------------------------------------------------------- caching
+def _out(result):
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        return result[0], result[1]
+    return result, None
+
+
+def _snapshot(o, lse):
+    o2 = o.detach().clone() if isinstance(o, torch.Tensor) else o
+    l2 = lse.detach().clone() if isinstance(lse, torch.Tensor) else lse
+    return o2, l2
+
+
+def _same(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and bool(torch.equal(a, b)))
+
+
+def check_no_caching(fn, config: str = "medium", *, expect_lse: bool = False, device=None, dtype=None,
+                     layout: str = "bshd", verbose: bool = True) -> None:
+    """Call ``fn`` four times and check every result against the reference:
+
+    1. on fresh inputs A, 2. on fresh inputs B of the same shape (a cache keyed by shape or by
+    the call count fails here), 3. on B again (the same inputs twice must give the right answer
+    again), 4. on A's tensors refilled in place with new values (a cache keyed by tensor identity
+    or data pointer fails here). The output of call 1 must not change during calls 2-4 (a shared
+    output buffer would hand the caller a result that later calls overwrite).
+    Raises :class:`CheatDetected` when a wrong result equals an earlier one, and the check's own
+    :class:`AttentionCheckError` when a result is simply wrong.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = get_config(config, device) if isinstance(config, str) else config
+    seeds = [secrets.randbits(31) for _ in range(3)]
+    while len(set(seeds)) < 3:
+        seeds = [secrets.randbits(31) for _ in range(3)]
+    A = make_inputs(cfg, seeds[0], device, dtype, layout)
+    B = make_inputs(cfg, seeds[1], device, dtype, layout)
+    C = make_inputs(cfg, seeds[2], device, dtype, layout)
+    A0 = [t.clone() for t in A]     # A's values, kept for checking call 1 after A is refilled
+    calls = []   # (label, input name, seed, q, k, v, output as returned, snapshot of (o, lse))
+
+    def call(label, name, q, k, v, seed):
+        result = _out(fn(q, k, v, causal=cfg.causal))
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        calls.append((label, name, seed, q, k, v, result, _snapshot(*result)))
+
+    call("first call (fresh inputs A)", "A", *A, seeds[0])
+    call("second call (fresh inputs B, same shape)", "B", *B, seeds[1])
+    call("third call (inputs B again)", "B", *B, seeds[1])
+    with torch.no_grad():
+        for t, new in zip(A, C):
+            t.copy_(new)        # A's tensors, same addresses, new values
+    call("fourth call (A's tensors refilled in place with new values)", "C", *A, seeds[2])
+    for label, name, seed, _q, _k, _v, _result, (o_snap, lse_snap) in calls:
+        q, k, v = {"A": A0, "B": B, "C": C}[name]
+        try:
+            check_attention(o_snap, q, k, v, cfg.causal, None, lse_snap if expect_lse else None,
+                            config=f"{cfg.name}, {label}", seed=seed)
+        except AttentionCheckError as err:
+            for label2, name2, *_, (o2, _) in calls:
+                if name2 != name and _same(o_snap, o2) and bool(o_snap.abs().amax() > 0):
+                    raise CheatDetected(
+                        f"[anti-cheat] {cfg.name}: the {label} returned exactly the output of the "
+                        f"{label2}, although the inputs differ.\n  likely cause: the function "
+                        "returns a cached or precomputed result; it must compute the output from "
+                        "the inputs it is given, on every call") from err
+            raise
+    o1, (o1_snap, _) = calls[0][6][0], calls[0][7]
+    if isinstance(o1, torch.Tensor) and not _same(o1, o1_snap):
+        raise CheatDetected(
+            f"[anti-cheat] {cfg.name}: the output returned by the first call changed during later "
+            "calls.\n  likely cause: the function returns the same output buffer every call; "
+            "allocate a new output tensor per call")
+    if verbose:
+        print(f"[{cfg.name}] no caching: 4 calls on fresh, repeated and refilled inputs all right")
+
+
+# ----------------------------------------------------------------------------- roofline
+#: Peak dense fp16/bf16 tensor-core throughput (TFLOP/s, no sparsity) from the vendors' data sheets.
+PEAK_TFLOPS = {"H200": 989, "H100 SXM": 989, "H100 80GB HBM3": 989, "GH200": 989, "H800": 989,
+               "H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "B200": 2250, "B100": 1750,
+               "A100": 312, "A800": 312, "A10G": 70, "A10": 125, "A30": 165, "L40S": 362, "L40": 181,
+               "L4": 121, "RTX 6000 Ada": 364, "RTX 4090": 165, "RTX 4080": 97, "RTX 3090": 71,
+               "RTX A6000": 155, "V100": 125, "T4": 65}
+
+
+def peak_tflops(gpu_name: str) -> float | None:
+    """The data-sheet peak for ``gpu_name`` (longest matching key), None when unknown."""
+    hits = [k for k in PEAK_TFLOPS if k.lower() in gpu_name.lower()]
+    return float(PEAK_TFLOPS[max(hits, key=len)]) if hits else None
+
+
+def measured_gemm_tflops(n: int = 8192, dtype=torch.float16) -> float:
+    """Dense GEMM throughput measured here (best of 5): the ceiling when the data sheet is unknown."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    best = float("inf")
+    for _ in range(6):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        e.synchronize()
+        best = min(best, s.elapsed_time(e))
+    return 2 * n ** 3 / best / 1e9
+
+
+def roofline_verdict(tflops: float, gpu_name: str, ceiling: float | None = None) -> str | None:
+    """None when ``tflops`` is physically possible on ``gpu_name``; else a sentence saying why not.
+
+    The ceiling is the data-sheet peak (or 1.5x a dense GEMM measured here when the GPU is not in
+    the table) with 5% slack: attention is two GEMMs plus a softmax and cannot beat that peak.
+    """
+    if ceiling is None:
+        ceiling = peak_tflops(gpu_name)
+        source = "data-sheet peak"
+        if ceiling is None:
+            ceiling = 1.5 * measured_gemm_tflops()
+            source = "1.5x a dense fp16 GEMM measured here"
+    else:
+        source = "given ceiling"
+    if tflops > 1.05 * ceiling:
+        return (f"{tflops:.0f} TFLOP/s is above what {gpu_name} can compute ({source}: "
+                f"{ceiling:.0f} TFLOP/s): the timing cannot be right. Likely causes: work launched on "
+                "another CUDA stream, work skipped, or a result cached between calls")
+    return None

@@ -1,0 +1,157 @@
+"""Anti-cheat of the hidden tests (autograder/guards.py): each cheat is caught, honest code is not."""
+import math
+
+import pytest
+import torch
+
+from autograder import guards
+from autograder.guards import CheatDetected, check_no_caching, forbid_framework_attention
+from facourse import AttentionCheckError, check_entry_point
+
+
+def vanilla(q, k, v, causal=False, scale=None):
+    """An honest vanilla attention (full S and P, torch.softmax): allowed at step 01 only."""
+    B, Hq, Sq, D = q.shape
+    Skv = k.shape[2]
+    g = Hq // k.shape[1]
+    s = (q.float() @ k.repeat_interleave(g, 1).float().transpose(-1, -2)) * (scale or 1 / math.sqrt(D))
+    if causal:
+        i, j = torch.arange(Sq)[:, None], torch.arange(Skv)[None, :]
+        s = s.masked_fill(j > i + (Skv - Sq), float("-inf"))
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    return (p @ v.repeat_interleave(g, 1).float()).to(q.dtype)
+
+
+def tiled(q, k, v, causal=False, scale=None, block_n=64):
+    """An honest key-tiled attention with an online softmax (no softmax over the whole row)."""
+    B, Hq, Sq, D = q.shape
+    Skv, g = k.shape[2], Hq // k.shape[1]
+    scale = scale or 1 / math.sqrt(D)
+    K, V = k.repeat_interleave(g, 1).float(), v.repeat_interleave(g, 1).float()
+    m = torch.full((B, Hq, Sq, 1), float("-inf"))
+    l = torch.zeros(B, Hq, Sq, 1)
+    acc = torch.zeros(B, Hq, Sq, D)
+    i = torch.arange(Sq)[:, None]
+    for j0 in range(0, Skv, block_n):
+        s = (q.float() @ K[:, :, j0:j0 + block_n].transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(torch.arange(j0, min(j0 + block_n, Skv))[None, :] > i + (Skv - Sq), float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - safe)
+        alpha = torch.exp(torch.where(torch.isinf(m), torch.full_like(m, -math.inf), m - safe))
+        l = l * alpha + p.sum(-1, keepdim=True)
+        acc = acc * alpha + p @ V[:, :, j0:j0 + block_n]
+        m = m_new
+    return torch.nan_to_num(acc / l, nan=0.0).to(q.dtype)
+
+
+def sdpa(q, k, v, causal=False, scale=None):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                            enable_gqa=True)
+
+
+def sdpa_swallowed(q, k, v, causal=False, scale=None):
+    try:
+        return sdpa(q, k, v, causal, scale)
+    except Exception:           # hides the guard's error and falls back
+        return vanilla(q, k, v, causal, scale)
+
+
+def aten_kernel(q, k, v, causal=False, scale=None):
+    g = q.shape[1] // k.shape[1]
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=causal, scale=scale)[0]
+
+
+def mha(q, k, v, causal=False, scale=None):
+    m = torch.nn.MultiheadAttention(q.shape[-1], 1)
+    return m(q[0], q[0], q[0])[0]
+
+
+def softmax_module(q, k, v, causal=False, scale=None):
+    s = q.float() @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).float().transpose(-1, -2)
+    torch.nn.Softmax(dim=-1)(s)
+    return vanilla(q, k, v, causal, scale)
+
+
+@pytest.mark.parametrize("cheat", [sdpa, sdpa_swallowed, aten_kernel, mha])
+@pytest.mark.parametrize("allow_softmax", [True, False])
+def test_framework_attention_is_caught(cheat, allow_softmax):
+    with pytest.raises(CheatDetected, match="anti-cheat.*" + cheat.__name__) as err:
+        check_entry_point(forbid_framework_attention(cheat, allow_softmax=allow_softmax), "small")
+    assert "likely cause:" in str(err.value)
+
+
+def test_softmax_over_all_keys_is_caught_from_step_04_only():
+    for fn in (vanilla, softmax_module):
+        with pytest.raises(CheatDetected, match="softmax over all 512 keys"):
+            check_entry_point(forbid_framework_attention(fn), "medium")
+    check_entry_point(forbid_framework_attention(vanilla, allow_softmax=True), "medium")   # step 01
+    check_entry_point(forbid_framework_attention(tiled), "medium")                        # step 04+
+    check_entry_point(forbid_framework_attention(tiled), "ragged")
+
+
+def test_guard_is_removed_after_the_call():
+    check_entry_point(forbid_framework_attention(tiled), "small")
+    assert torch.nn.MultiheadAttention.forward.__name__ == "forward"
+    sdpa(*[torch.randn(1, 2, 8, 4) for _ in range(3)])      # no guard left active
+
+
+def _cached():
+    cache = {}
+
+    def fn(q, k, v, causal=False, scale=None):       # keyed by everything but the values
+        key = (tuple(q.shape), causal, scale)
+        if key not in cache:
+            cache[key] = tiled(q, k, v, causal, scale)
+        return cache[key]
+    return fn
+
+
+def _pointer_cached():
+    cache = {}
+
+    def fn(q, k, v, causal=False, scale=None):       # keyed by storage address
+        if q.data_ptr() not in cache:
+            cache[q.data_ptr()] = tiled(q, k, v, causal, scale)
+        return cache[q.data_ptr()]
+    return fn
+
+
+def _shared_buffer():
+    buf = {}
+
+    def fn(q, k, v, causal=False, scale=None):
+        o = tiled(q, k, v, causal, scale)
+        buf.setdefault("o", torch.empty_like(o)).copy_(o)
+        return buf["o"]
+    return fn
+
+
+@pytest.mark.parametrize("make, what", [(_cached, "second call"), (_pointer_cached, "fourth call"),
+                                        (_shared_buffer, "output returned by the first call changed")])
+def test_caching_is_caught(make, what):
+    fn = make()
+    check_entry_point(fn, "medium")                  # the ordinary check cannot see it
+    with pytest.raises(CheatDetected, match=what):
+        check_no_caching(fn, "medium")
+
+
+def test_honest_function_passes_the_cache_check_and_wrong_one_fails_plainly():
+    check_no_caching(forbid_framework_attention(tiled), "medium")
+    with pytest.raises(AttentionCheckError) as err:
+        check_no_caching(lambda q, k, v, causal=False, scale=None: torch.zeros_like(q), "small")
+    assert not isinstance(err.value, CheatDetected)
+
+
+def test_roofline():
+    assert guards.peak_tflops("NVIDIA H100 80GB HBM3") == 989
+    assert guards.peak_tflops("NVIDIA H100 PCIe") == 756
+    assert guards.peak_tflops("NVIDIA A100-SXM4-80GB") == 312
+    assert guards.peak_tflops("Some Future GPU") is None
+    assert guards.roofline_verdict(480, "NVIDIA H100 80GB HBM3") is None
+    msg = guards.roofline_verdict(1500, "NVIDIA H100 80GB HBM3")
+    assert msg and "above what" in msg and "another CUDA stream" in msg
+    assert guards.roofline_verdict(400, "NVIDIA A100-SXM4-80GB")
+    assert guards.roofline_verdict(50, "x", ceiling=40) and guards.roofline_verdict(41, "x", ceiling=40) is None
