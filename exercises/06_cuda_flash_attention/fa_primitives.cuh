@@ -1,0 +1,102 @@
+// fa_primitives.cuh: the hardware primitives of step 06, one small function per PTX instruction.
+// Given to you: read them, do not edit. Fragment layouts follow the PTX ISA, section "Matrix
+// Fragments for mma.m16n8k16 with floating point type", and the ldmatrix section:
+//
+//   lane = threadIdx.x % 32,  g = lane / 4 (groupID),  t = lane % 4 (thread in group)
+//   A (16x16, row-major)   a[0] = A[g][2t..2t+1]    a[1] = A[g+8][2t..2t+1]
+//                          a[2] = A[g][2t+8..+9]    a[3] = A[g+8][2t+8..+9]
+//   B (16x8,  "col")       b[0] = B[2t..2t+1][g]    b[1] = B[2t+8..2t+9][g]
+//   C (16x8,  fp32)        c[0..1] = C[g][2t..2t+1] c[2..3] = C[g+8][2t..2t+1]
+//   ldmatrix.x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of lane L
+//   receives row L/4, columns 2(L%4)..+1 of matrix i (.trans: column L/4, rows 2(L%4)..+1).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include "fa_params.h"
+
+#define FA_DEVICE __device__ __forceinline__
+
+FA_DEVICE uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- cp.async: 16 bytes global -> shared, bypassing registers (and L1: .cg) -------------------
+// When `valid` is false nothing is read and the 16 bytes in shared memory are zero-filled.
+FA_DEVICE void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+FA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+FA_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// ---- ldmatrix: four 8x8 b16 matrices from shared memory into registers -------------------------
+FA_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+FA_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// ---- mma.sync m16n8k16: C[16x8] += A[16x16] B[16x8], fp32 accumulate ---------------------------
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+  static FA_DEVICE void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static FA_DEVICE void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <typename T>
+FA_DEVICE void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  Mma<T>::run(c, a, b0, b1);
+}
+
+// ---- two fp32 -> one register of two 16-bit values (x in the low half) --------------------------
+template <typename T> FA_DEVICE uint32_t pack2(float x, float y);
+template <> FA_DEVICE uint32_t pack2<__half>(float x, float y) {
+  __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <> FA_DEVICE uint32_t pack2<__nv_bfloat16>(float x, float y) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// ---- the four lanes of a quad (same g) hold one row of a C fragment ------------------------------
+FA_DEVICE float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+FA_DEVICE float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---- XOR swizzle of a [rows][D] tile of 16-bit elements ------------------------------------------
+// A row is D/8 chunks of 16 bytes. Chunk c of row r is stored at chunk c ^ (r % 8): the 8 rows an
+// ldmatrix reads at one logical chunk land in 8 different chunks of a 128-byte line, so the 32 banks
+// are each hit once (no conflict). Needs D >= 64.
+template <int D>
+FA_DEVICE int swizzle(int row, int col) {
+  static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
+  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f

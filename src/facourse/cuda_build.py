@@ -1,0 +1,196 @@
+"""Build CUDA C++ for the course: a torch extension on a GPU machine, a compile check anywhere.
+
+- ``load_cuda_extension(name, sources, ...)``: ``torch.utils.cpp_extension.load`` with code generated
+  for the GPU in this machine (``arch="sm_90a"`` adds Hopper's arch-specific target).
+- ``nvcc_compile_check(source, arch="sm_80")``: compiles one .cu file with nvcc alone (no torch
+  headers, works with a CPU-only torch, where ``load_inline`` cannot build) with ``-Xptxas -v`` and
+  reports errors and, per kernel, registers, spills, stack and static shared memory.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["CompileReport", "KernelResources", "gencode_flag", "load_cuda_extension", "nvcc_compile_check"]
+
+
+def gencode_flag(arch: str) -> str:
+    """``sm_80`` -> ``-gencode=arch=compute_80,code=sm_80``; ``sm_90a`` -> the compute_90a form
+    (the plain ``-arch=sm_90a`` spelling fails on wgmma)."""
+    m = re.fullmatch(r"sm_(\d+)(a?)", arch)
+    if not m:
+        raise ValueError(f"arch must look like 'sm_80' or 'sm_90a', got {arch!r}")
+    return f"-gencode=arch=compute_{m[1]}{m[2]},code=sm_{m[1]}{m[2]}"
+
+
+def _current_arch(hopper_a: bool) -> str:
+    import torch
+    if not torch.cuda.is_available():
+        from .hw import require_gpu
+        require_gpu(what="building a CUDA extension")
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}" + ("a" if hopper_a and (major, minor) == (9, 0) else "")
+
+
+def load_cuda_extension(name: str, sources, *, arch: str | None = None, include_dirs=(),
+                        extra_cuda_cflags=(), extra_cflags=(), build_directory: str | None = None,
+                        verbose: bool = False):
+    """Build (or reuse) and import a torch extension from .cu/.cpp ``sources``.
+
+    ``arch``: ``None`` for the GPU of this machine, ``"sm_90a"`` to enable Hopper-only instructions
+    (on an H100/H200), or any ``"sm_XY"``. Rebuilds only when a source or a flag changed.
+    """
+    from torch.utils import cpp_extension
+
+    arch = arch or _current_arch(hopper_a=False)
+    sources = [str(Path(s).resolve()) for s in sources]
+    include_dirs = [str(Path(d).resolve()) for d in include_dirs] or sorted({str(Path(s).parent) for s in sources})
+    cuda_flags = ["-O3", "-std=c++17", "-lineinfo", gencode_flag(arch), "-U__CUDA_NO_HALF_OPERATORS__",
+                  "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", *extra_cuda_cflags]
+    # torch adds its own -gencode list from TORCH_CUDA_ARCH_LIST: make it this GPU's only.
+    m = re.fullmatch(r"sm_(\d)(\d+)(a?)", arch)
+    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = f"{m[1]}.{m[2]}"
+    try:
+        if build_directory:
+            os.makedirs(build_directory, exist_ok=True)
+        return cpp_extension.load(name=name, sources=sources, extra_include_paths=include_dirs,
+                                  extra_cuda_cflags=cuda_flags, extra_cflags=["-O3", "-std=c++17", *extra_cflags],
+                                  build_directory=build_directory, verbose=verbose)
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = old
+
+
+# ----------------------------------------------------------------------------- compile check
+@dataclass
+class KernelResources:
+    name: str               # demangled when possible
+    arch: str
+    registers: int = 0
+    spill_stores: int = 0   # bytes
+    spill_loads: int = 0    # bytes
+    stack: int = 0          # bytes of stack frame
+    smem: int = 0           # bytes of static shared memory (dynamic shared memory is set at launch)
+    barriers: int = 0
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+    def line(self) -> str:
+        return (f"{self.name[:70]:70s} {self.arch:7s} {self.registers:4d} regs  "
+                f"{self.spill_stores:4d}/{self.spill_loads:<4d} B spilled (st/ld)  {self.stack:4d} B stack  "
+                f"{self.smem:6d} B static smem")
+
+
+@dataclass
+class CompileReport:
+    ok: bool
+    arch: str
+    command: list[str]
+    log: str                                   # nvcc's stderr + stdout, as is
+    errors: list[str] = field(default_factory=list)
+    kernels: list[KernelResources] = field(default_factory=list)
+
+    @property
+    def spills(self) -> int:
+        return sum(k.spills for k in self.kernels)
+
+    def summary(self) -> str:
+        if not self.ok:
+            head = f"nvcc FAILED for {self.arch}: {len(self.errors)} error(s)"
+            return "\n".join([head, *self.errors[:20]])
+        lines = [f"nvcc OK for {self.arch}: {len(self.kernels)} kernel(s)"]
+        lines += ["  " + k.line() for k in self.kernels]
+        if self.spills:
+            lines.append("  WARNING: register spills (local memory traffic): reduce live registers")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    tool = shutil.which("cu++filt") or shutil.which("c++filt")
+    if not tool or not names:
+        return {n: n for n in names}
+    try:
+        out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True, timeout=30).stdout
+        dem = out.splitlines()
+        return dict(zip(names, dem)) if len(dem) == len(names) else {n: n for n in names}
+    except (OSError, subprocess.SubprocessError):
+        return {n: n for n in names}
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_BARS = re.compile(r"used (\d+) barriers")
+
+
+def parse_ptxas(log: str) -> list[KernelResources]:
+    """Kernels with their resources, from the text ``-Xptxas -v`` prints (CUDA 11-13 formats)."""
+    kernels: dict[str, KernelResources] = {}
+    current = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current = kernels.setdefault(m[1], KernelResources(m[1], m[2]))
+            continue
+        if m := _PROPS.search(line):
+            current = kernels.get(m[1], current)
+            continue
+        if current is None:
+            continue
+        if m := _FRAME.search(line):
+            current.stack, current.spill_stores, current.spill_loads = int(m[1]), int(m[2]), int(m[3])
+        if m := _USED.search(line):
+            current.registers = int(m[1])
+            if s := _SMEM.search(line):
+                current.smem = int(s[1])
+            if b := _BARS.search(line):
+                current.barriers = int(b[1])
+    names = _demangle(list(kernels))
+    for k in kernels.values():
+        k.name = names.get(k.name, k.name)
+    return list(kernels.values())
+
+
+def nvcc_compile_check(source, arch: str = "sm_80", extra=(), include_dirs=(), nvcc: str | None = None,
+                       timeout: float = 300, verbose: bool = True) -> CompileReport:
+    """Compile ``source`` (a path to a .cu file, or CUDA source text) to an object file for ``arch``
+    with ``-Xptxas -v``; return (and print, when ``verbose``) errors, registers, spills, smem."""
+    nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    with tempfile.TemporaryDirectory(prefix="facourse_nvcc_") as tmp:
+        src = Path(source) if not (isinstance(source, str) and "\n" in source) else None
+        if src is None:
+            src = Path(tmp) / "source.cu"
+            src.write_text(source)
+        elif not src.exists():
+            raise FileNotFoundError(f"no CUDA source at {src}")
+        dirs = [str(Path(d).resolve()) for d in include_dirs] or [str(src.resolve().parent)]
+        cmd = [nvcc, "-c", str(src), "-o", str(Path(tmp) / "out.o"), gencode_flag(arch), "-std=c++17", "-O3",
+               "-Xptxas", "-v", *[f"-I{d}" for d in dirs], *extra]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            log, ok = r.stderr + r.stdout, r.returncode == 0
+        except FileNotFoundError:
+            log, ok = f"nvcc not found ({nvcc}): install the CUDA toolkit to check CUDA code on this machine", False
+        except subprocess.TimeoutExpired:
+            log, ok = f"nvcc did not finish in {timeout:.0f} s", False
+    errors = [ln for ln in log.splitlines() if "error" in ln.lower()] if not ok else []
+    if not ok and not errors:
+        errors = log.strip().splitlines()[-10:]
+    rep = CompileReport(ok, arch, cmd, log, errors, parse_ptxas(log) if ok else [])
+    if verbose:
+        print(rep.summary())
+    return rep

@@ -1,0 +1,341 @@
+"""Step 06 (CUDA FlashAttention), CPU tier and GPU tier.
+
+CPU tier: (1) a lane-by-lane emulation of ldmatrix / mma.sync m16n8k16 / the XOR swizzle with the
+index expressions of the CUDA sources, checked against plain matmuls; (2) an emulation of the whole
+kernel (harness + solution device functions, same tiles, masks, online softmax and epilogue) checked
+against the float64 reference on ragged, causal, GQA and empty-row problems; (3) nvcc compiles of
+every ladder kernel, the exercise solution and the stub for sm_80 and sm_90 (no spills in the
+solution); (4) the make_stub round trip and the exercise's compile-feedback function.
+GPU tier (marked gpu): every kernel on the five configurations and the edge cases, fp16 and bf16.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP = ROOT / "solutions" / "06_cuda_flash_attention"
+LADDER = STEP / "ladder"
+sys.path.insert(0, str(ROOT / "diagrams"))
+import fragments as fr  # noqa: E402
+
+from facourse import reference_attention  # noqa: E402
+from facourse.cuda_build import nvcc_compile_check, parse_ptxas  # noqa: E402
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+# ============================================================================ warp emulation
+def ldmatrix_x4(smem: np.ndarray, lane_addr, trans=False) -> np.ndarray:
+    """regs[lane, i, j]: lanes 8i..8i+7 give the element address of row 0..7 of matrix i."""
+    mats = np.stack([np.stack([smem[lane_addr(8 * i + r) + np.arange(8)] for r in range(8)]) for i in range(4)])
+    regs = np.zeros((32, 4, 2), smem.dtype)
+    for lane in range(32):
+        for i in range(4):
+            for j in range(2):
+                regs[lane, i, j] = mats[i][fr.ldmatrix_coords(lane, j, trans)]
+    return regs
+
+
+def mma(c, a, b):
+    """c[lane, 4] += A B with A from a[lane, 4 regs, 2], B from b[lane, 2 regs, 2] (PTX layouts)."""
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for lane in range(32):
+        for i in range(8):
+            A[fr.a_coords(lane, i)] = a[lane, i // 2, i % 2]
+        for i in range(4):
+            B[fr.b_coords(lane, i)] = b[lane, i // 2, i % 2]
+    C = A @ B
+    for lane in range(32):
+        for i in range(4):
+            c[lane, i] += C[fr.c_coords(lane, i)]
+
+
+def swizzle(D, row, col):           # fa_primitives.cuh: swizzle<D>
+    return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7)
+
+
+def store_tile(tile: np.ndarray, rows_valid: int, nthreads=256) -> np.ndarray:
+    """load_tile_async of the solution: every thread's 16-byte chunks, swizzled, zero-filled."""
+    ROWS, D = tile.shape
+    smem = np.full(ROWS * D, np.nan)
+    chunks = D // 8
+    for i in range(ROWS * chunks // nthreads):
+        for tid in range(nthreads):
+            idx = tid + i * nthreads
+            r, c = idx // chunks, (idx % chunks) * 8
+            dst = swizzle(D, r, c)
+            smem[dst:dst + 8] = tile[r, c:c + 8] if r < rows_valid else 0.0
+    return smem
+
+
+def gather_c(acc: np.ndarray) -> np.ndarray:
+    """[nblocks][lane][4] C fragments -> the 16 x (8 nblocks) matrix."""
+    out = np.zeros((16, 8 * acc.shape[0]))
+    for n in range(acc.shape[0]):
+        for lane in range(32):
+            for i in range(4):
+                r, c = fr.c_coords(lane, i)
+                out[r, 8 * n + c] = acc[n, lane, i]
+    return out
+
+
+def q_fragments(sQ, D, warp):       # the harness: ldmatrix_x4(q_frag[kk], sQ + swizzle(row, col))
+    return [ldmatrix_x4(sQ, lambda L: swizzle(D, warp * 16 + (L & 15), kk * 16 + (L >> 4) * 8)) for kk in range(D // 16)]
+
+
+def qk_tile(qf, sK, D, BN):         # student_kernel: qk_tile
+    s = np.zeros((BN // 8, 32, 4))
+    for kk in range(D // 16):
+        for np_ in range(BN // 16):
+            b = ldmatrix_x4(sK, lambda L: swizzle(D, np_ * 16 + (L & 7) + (L >> 4) * 8, kk * 16 + ((L >> 3) & 1) * 8))
+            mma(s[2 * np_], qf[kk], b[:, 0:2])
+            mma(s[2 * np_ + 1], qf[kk], b[:, 2:4])
+    return s
+
+
+def pv_tile(o, p, sV, D, BN, rnd):  # student_kernel: pv_tile (P rounded to the input dtype: pack2)
+    for kk in range(BN // 16):
+        a = np.stack([np.stack([p[2 * kk][:, 0:2], p[2 * kk][:, 2:4], p[2 * kk + 1][:, 0:2], p[2 * kk + 1][:, 2:4]], 1)], 0)[0]
+        a = rnd(a)
+        for dp in range(D // 16):
+            b = ldmatrix_x4(sV, lambda L: swizzle(D, kk * 16 + (L & 15), dp * 16 + (L >> 4) * 8), trans=True)
+            mma(o[2 * dp], a, b[:, 0:2])
+            mma(o[2 * dp + 1], a, b[:, 2:4])
+
+
+def online_softmax_update(s, m_i, l_i, o, scale_log2):   # student_kernel, vectorised over lanes
+    for r in range(2):
+        cols = [2 * r, 2 * r + 1]
+        row_max = s[:, :, cols].max(axis=(0, 2))                       # per lane
+        row_max = row_max.reshape(8, 4).max(1).repeat(4)               # quad_max
+        m_new = np.maximum(m_i[r], row_max * scale_log2)
+        m_use = np.where(m_new == -np.inf, 0.0, m_new)
+        alpha = np.exp2(m_i[r] - m_use)
+        s[:, :, cols] = np.exp2(s[:, :, cols] * scale_log2 - m_use[None, :, None])
+        l_i[r] = alpha * l_i[r] + s[:, :, cols].sum(axis=(0, 2))
+        m_i[r] = m_new
+        o[:, :, cols] *= alpha[None, :, None]
+
+
+def emulate_attention(q, k, v, causal, scale, BM=128, BN=64, nwarps=8, round_p=True):
+    """The harness of fa_harness.cuh, warp by warp, lane by lane (one batch)."""
+    Hq, Sq, D = q.shape
+    Hkv, Skv, _ = k.shape
+    rnd = (lambda x: x.astype(np.float16).astype(np.float64)) if round_p else (lambda x: x)
+    o_out, lse_out = np.full((Hq, Sq, D), np.nan), np.full((Hq, Sq), np.nan)
+    diag = Skv - Sq
+    scale_log2 = scale * math.log2(math.e)
+    for h in range(Hq):
+        hk = h // (Hq // Hkv)
+        for mb in range((Sq + BM - 1) // BM):
+            m0 = mb * BM
+            Tc = (Skv + BN - 1) // BN
+            if causal:
+                last = m0 + BM - 1 + diag
+                Tc = 0 if last < 0 else min(Tc, last // BN + 1)
+            sQ = store_tile(np.pad(q[h, m0:m0 + BM], ((0, max(0, BM - (Sq - m0))), (0, 0))), Sq - m0)
+            for w in range(nwarps):
+                qf = q_fragments(sQ, D, w)
+                o = np.zeros((D // 8, 32, 4))
+                m_i = [np.full(32, -np.inf), np.full(32, -np.inf)]
+                l_i = [np.zeros(32), np.zeros(32)]
+                lane = np.arange(32)
+                row_g = m0 + w * 16 + lane // 4
+                for j in range(Tc):
+                    n0 = j * BN
+                    pad = lambda x: np.pad(x[n0:n0 + BN], ((0, BN - len(x[n0:n0 + BN])), (0, 0)))  # noqa: E731
+                    sK, sV = store_tile(pad(k[hk]), Skv - n0), store_tile(pad(v[hk]), Skv - n0)
+                    s = qk_tile(qf, sK, D, BN)
+                    if n0 + BN > Skv or (causal and n0 + BN - 1 > m0 + diag):      # apply_mask
+                        for n in range(BN // 8):
+                            for e in range(4):
+                                col = n0 + n * 8 + 2 * (lane & 3) + (e & 1)
+                                row = row_g + (e >> 1) * 8
+                                bad = (col >= Skv) | (causal & (col > row + diag))
+                                s[n, bad, e] = -np.inf
+                    online_softmax_update(s, m_i, l_i, o, scale_log2)
+                    pv_tile(o, s, sV, D, BN, rnd)
+                full = gather_c(o)
+                for r in range(2):
+                    l = l_i[r].reshape(8, 4).sum(1).repeat(4)                 # quad_sum
+                    inv = np.where(l > 0, 1 / np.where(l > 0, l, 1), 0.0)
+                    lse = np.where(l > 0, (m_i[r] + np.log2(np.where(l > 0, l, 1))) * math.log(2), -np.inf)
+                    for g in range(8):
+                        row = m0 + w * 16 + g + 8 * r
+                        if row < Sq:
+                            o_out[h, row] = full[g + 8 * r] * inv[4 * g]
+                            lse_out[h, row] = lse[4 * g]
+    return o_out, lse_out
+
+
+# ---------------------------------------------------------------------------------- the tests
+def test_fragment_tables_cover_every_element_once():
+    for fn, n, shape in ((fr.a_coords, 8, (16, 16)), (fr.b_coords, 4, (16, 8)), (fr.c_coords, 4, (16, 8))):
+        seen = {fn(lane, i) for lane in range(32) for i in range(n)}
+        assert len(seen) == shape[0] * shape[1] and max(seen) == (shape[0] - 1, shape[1] - 1)
+    for trans in (False, True):
+        assert len({fr.ldmatrix_coords(L, j, trans) for L in range(32) for j in range(2)}) == 64
+
+
+def test_c_fragment_of_s_is_a_fragment_of_p():
+    """The register trick of FA2 on mma.sync: C fragments of two n-blocks = A fragment of P."""
+    for lane in range(32):
+        for i in range(8):
+            reg, half = i // 2, i % 2
+            nb = reg // 2               # a[0], a[1] from n-block 2kk; a[2], a[3] from 2kk + 1
+            ci = (reg % 2) * 2 + half   # a[0]/a[2] <- c0,c1 ; a[1]/a[3] <- c2,c3
+            r, c = fr.c_coords(lane, ci)
+            assert fr.a_coords(lane, i) == (r, c + 8 * nb)
+
+
+def test_warp_tile_products_match_matmul():
+    rng = np.random.default_rng(0)
+    for D in (64, 128):
+        Q, K, V = rng.standard_normal((128, D)), rng.standard_normal((64, D)), rng.standard_normal((64, D))
+        sQ, sK, sV = store_tile(Q, 128), store_tile(K, 64), store_tile(V, 64)
+        for w in (0, 5):
+            qf = q_fragments(sQ, D, w)
+            S = gather_c(qk_tile(qf, sK, D, 64))
+            np.testing.assert_allclose(S, Q[16 * w:16 * w + 16] @ K.T, rtol=1e-12, atol=1e-9)
+            P = rng.standard_normal((64 // 8, 32, 4))
+            o = np.zeros((D // 8, 32, 4))
+            pv_tile(o, P, sV, D, 64, lambda x: x)
+            np.testing.assert_allclose(gather_c(o), gather_c(P) @ V, rtol=1e-12, atol=1e-9)
+
+
+def test_swizzle_is_a_bijection_and_conflict_free():
+    for D in (64, 128):
+        addrs = {swizzle(D, r, c) for r in range(64) for c in range(D)}
+        assert addrs == set(range(64 * D))
+        # an ldmatrix phase: 8 rows, one logical 16-byte chunk each -> 8 distinct 4-bank groups
+        for chunk in range(D // 8):
+            for r0 in range(0, 64, 8):
+                banks = {(swizzle(D, r0 + r, chunk * 8) * 2 // 4) % 32 // 4 for r in range(8)}
+                assert len(banks) == 8, (D, chunk, r0)
+        # without the swizzle, the same phase is an 8-way conflict
+        assert len({((r * D + 0) * 2 // 4) % 32 // 4 for r in range(8)}) == 1
+
+
+@pytest.mark.parametrize("Sq,Skv,causal,Hq,Hkv,D", [
+    (200, 333, True, 2, 1, 64),     # ragged, causal, bottom-right, GQA
+    (150, 70, True, 1, 1, 64),      # Sq > Skv: empty rows
+    (77, 130, False, 2, 2, 128),    # non-causal, ragged, D = 128
+])
+def test_kernel_emulation_matches_reference(Sq, Skv, causal, Hq, Hkv, D):
+    g = torch.Generator().manual_seed(Sq)
+    q = torch.randn(1, Hq, Sq, D, generator=g, dtype=torch.float64)
+    k = torch.randn(1, Hkv, Skv, D, generator=g, dtype=torch.float64) * 2
+    v = torch.randn(1, Hkv, Skv, D, generator=g, dtype=torch.float64)
+    scale = 1 / math.sqrt(D)
+    o, lse = emulate_attention(q[0].numpy(), k[0].numpy(), v[0].numpy(), causal, scale)
+    ref_o, ref_lse = reference_attention(q, k, v, causal, scale)
+    ref_o, ref_lse = ref_o[0].numpy(), ref_lse[0].numpy()
+    assert not np.isnan(o).any() and not np.isnan(lse).any(), "a row was not written or is NaN"
+    np.testing.assert_allclose(o, ref_o, atol=5e-3)            # P is rounded to fp16, like pack2<half>
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse), fin)
+    np.testing.assert_allclose(lse[fin], ref_lse[fin], atol=1e-9)
+    if Sq > Skv and causal:
+        assert (o[:, :Sq - Skv] == 0).all()
+
+
+# ============================================================================ nvcc
+LADDER_FILES = sorted(p.name for p in LADDER.glob("v*.cu"))
+
+
+def test_ladder_is_numbered_and_has_verdicts():
+    assert len(LADDER_FILES) >= 4, LADDER_FILES
+    for name in LADDER_FILES:
+        head = (LADDER / name).read_text().splitlines()[:6]
+        text = "\n".join(head)
+        assert "verdict:" in text and "figure:" in text, f"{name}: header needs a verdict and a figure line"
+        assert "to be measured" not in text
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", LADDER_FILES + ["student_kernel_solution.cu"])
+def test_compiles_with_nvcc(name, arch):
+    rep = nvcc_compile_check(LADDER / name, arch, include_dirs=[LADDER, STEP], verbose=False)
+    assert rep.ok, rep.summary()
+    assert rep.kernels and all(k.registers > 0 for k in rep.kernels), rep.log
+    if name == "student_kernel_solution.cu" or name.startswith(("v4", "v5", "v6")):
+        assert rep.spills == 0, rep.summary()
+
+
+def _load_make_stub():
+    spec = importlib.util.spec_from_file_location("make_stub", LADDER / "make_stub.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_stub_is_generated_from_solution_and_in_sync():
+    ms = _load_make_stub()
+    sol = (LADDER / "student_kernel_solution.cu").read_text()
+    stub = ms.make_stub(sol)
+    assert "BEGIN SOLUTION" not in stub and "END SOLUTION" not in stub
+    assert stub.count("YOUR CODE HERE") == sol.count("BEGIN SOLUTION") == 4
+    assert (STEP / "student_kernel.cu").read_text() == stub, "run solutions/06_cuda_flash_attention/ladder/make_stub.py"
+    with pytest.raises(ValueError):
+        ms.make_stub("// BEGIN SOLUTION\nint x;\n")
+
+
+@needs_nvcc
+def test_stub_compiles_and_release_ships_stub_not_solution():
+    rep = nvcc_compile_check(STEP / "student_kernel.cu", "sm_80", verbose=False)
+    assert rep.ok, rep.summary()
+    rel = ROOT / "exercises" / "06_cuda_flash_attention"
+    assert (rel / "student_kernel.cu").read_text() == (STEP / "student_kernel.cu").read_text()
+    for must in ("fa_harness.cuh", "fa_primitives.cuh", "fa_params.h", "fa_binding.cpp"):
+        assert (rel / must).exists(), must
+    shipped = " ".join(p.name for p in rel.rglob("*"))
+    assert "solution" not in shipped and "make_stub" not in shipped and "gpu_check" not in shipped, shipped
+
+
+@needs_nvcc
+def test_compile_feedback_reports_errors_and_resources(tmp_path, capsys):
+    good = nvcc_compile_check(LADDER / "student_kernel_solution.cu", "sm_80", include_dirs=[STEP])
+    out = capsys.readouterr().out
+    assert good.ok and "nvcc OK for sm_80" in out and "fa_forward_kernel" in out and "regs" in out
+    assert {k.registers for k in good.kernels} and good.spills == 0
+    broken = (LADDER / "student_kernel_solution.cu").read_text().replace("row_sum += ", "row_sum +=* ", 1)
+    (tmp_path / "student_kernel.cu").write_text(broken)
+    bad = nvcc_compile_check(tmp_path / "student_kernel.cu", "sm_80", include_dirs=[STEP])
+    assert not bad.ok and bad.errors and "error" in capsys.readouterr().out
+
+
+def test_parse_ptxas_formats():
+    log = ("ptxas info    : Compiling entry function '_Z1kPf' for 'sm_80'\n"
+           "ptxas info    : Function properties for _Z1kPf\n"
+           "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem, 360 bytes cmem[0]\n")
+    (k,) = parse_ptxas(log)
+    assert (k.registers, k.spill_stores, k.spill_loads, k.stack, k.smem, k.barriers) == (40, 4, 12, 8, 2048, 1)
+
+
+# ============================================================================ GPU tier
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", LADDER / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [p.removesuffix(".cu") for p in LADDER_FILES] + ["solution"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_correct_on_configs_and_edge_cases(version, dtype):
+    from facourse import CONFIGS, EDGE_CASES, check_entry_point
+    gc = _gpu_check()
+    fn = gc.entry_point(version)
+    for name in list(CONFIGS) + list(EDGE_CASES):
+        check_entry_point(fn, name, device="cuda", dtype=getattr(torch, dtype), expect_lse=True)
