@@ -1,0 +1,261 @@
+"""Exercises 02 (safe softmax), 03 (online softmax), 04 (tiled attention) and their shared softmax check.
+
+Grading tests: per exercise, ONE autograde run grades the solution (full autograded marks), the untouched
+stub (0, and the run goes on) and planted bugs, each of which must lose the test cell that names it while
+the cells unrelated to it still pass. Planted bugs are made from the solution by text substitution, so they
+follow the solution when it changes (the substitution asserts that its text is still there).
+
+Unit tests: facourse.softmax_check accepts correct results and rejects each planted fault with its cause.
+"""
+import json
+
+import pytest
+import torch
+
+from conftest import ROOT, fill, grade_submissions, release_notebook, solution_code
+from facourse import SoftmaxCheckError, check_merge_fn, check_softmax_fn
+from facourse.softmax_check import MERGE_CASES, SOFTMAX_CASES
+
+ANSWER = "The max is subtracted so that exp never overflows; see the lecture."   # a written answer
+
+
+def mutate(code: str, *subs) -> str:
+    """``code`` with each (old, new) substituted; fails when ``old`` is no longer in the solution."""
+    for old, new in subs:
+        assert old in code, f"planted bug out of date: {old!r} is not in the solution"
+        code = code.replace(old, new)
+    return code
+
+
+def written_ids(assignment):
+    (path,) = (ROOT / "solutions" / assignment).glob("*.ipynb")
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return [c["metadata"]["nbgrader"]["grade_id"] for c in cells
+            if c["cell_type"] == "markdown" and c["metadata"].get("nbgrader", {}).get("grade")]
+
+
+def grade_exercise(tmp_path, assignment, bugs):
+    """Grade solution, stub and every bug of ``bugs`` ({name: {grade_id: code}}) in one autograde run."""
+    nb = release_notebook(assignment)
+    answers = {gid: ANSWER for gid in written_ids(assignment)}
+    assert answers, f"{assignment} has no written-answer cell"
+    solution = solution_code(assignment)
+    subs = {"solution": fill(nb, {**solution, **answers}), "stub": nb}
+    for name, code in bugs.items():          # the solution with one cell replaced by its buggy version
+        subs[name] = fill(nb, {**solution, **code, **answers})
+    return grade_submissions(tmp_path, assignment, subs)
+
+
+def assert_graded(results, assignment, expect):
+    """``expect``: {student: (grade_id that must fail, [grade_ids that must pass])}."""
+    sol, stub = results["solution"], results["stub"]
+    n_written = len(written_ids(assignment))
+    assert sol.status == "graded", sol.status
+    assert sol.score == sol.auto_max_score > 0, (sol.score, sol.auto_max_score, sol.failed, sol.messages)
+    assert sol.manual_pending == 2 * n_written and sol.failed == []
+    assert stub.status == "graded" and stub.score == 0, (stub.status, stub.score)
+    for student, (fails, passes) in expect.items():
+        r = results[student]
+        assert r.status == "graded", (student, r.status)
+        assert fails in r.failed, f"{student}: expected {fails} to fail, failed: {r.failed}"
+        assert not set(passes) & set(r.failed), f"{student}: {set(passes) & set(r.failed)} should pass"
+        assert 0 < r.score < sol.score, (student, r.score)
+
+
+# ----------------------------------------------------------------------------- exercise 02
+@pytest.mark.slow
+def test_exercise_02_grading(tmp_path):
+    a = "02_safe_softmax"
+    sol = solution_code(a)["safe_softmax"]
+    bugs = {
+        "no_max_subtraction": {"safe_softmax": mutate(sol, ("torch.exp(xf - m)", "torch.exp(xf)"))},
+        "nan_on_empty_rows": {"safe_softmax": mutate(
+            sol, ("m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "pass"))},
+        "last_dim_only": {"safe_softmax": mutate(sol, ("dim=dim", "dim=-1"))},
+    }
+    results = grade_exercise(tmp_path, a, bugs)
+    basics = ["test_small", "test_configs", "test_ragged", "test_masked"]
+    assert_graded(results, a, {
+        "no_max_subtraction": ("test_overflow", basics + ["test_all_masked", "test_other_dims"]),
+        "nan_on_empty_rows": ("test_all_masked", basics + ["test_overflow", "test_other_dims"]),
+        "last_dim_only": ("test_other_dims", basics + ["test_overflow", "test_all_masked", "test_half"]),
+    })
+    assert "no max subtraction" in results["no_max_subtraction"].messages["test_overflow"]
+
+
+# ----------------------------------------------------------------------------- exercise 03
+@pytest.mark.slow
+def test_exercise_03_grading(tmp_path):
+    a = "03_online_softmax"
+    code = solution_code(a)
+    online, merge = code["online_softmax"], code["merge_softmax_states"]
+    bugs = {
+        "no_alpha_rescale": {"online_softmax": mutate(online, (
+            "m, l = merge_softmax_states(m, l, m_j, l_j)",
+            "m_new = torch.maximum(m, m_j); l = l + torch.exp(x_j - torch.where(torch.isneginf(m_new), 0.0, "
+            "m_new)[..., None]).sum(dim=-1); m = m_new"))},
+        "drops_last_block": {"online_softmax": mutate(
+            online, ("range(0, n, block_size)", "range(0, n - block_size + 1, block_size)"))},
+        "merge_nan_on_empty": {"merge_softmax_states": mutate(
+            merge, ("m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "m_safe = m"))},
+    }
+    results = grade_exercise(tmp_path, a, bugs)
+    merges = ["test_merge_random", "test_merge_empty", "test_merge_large", "test_merge_chain"]
+    assert_graded(results, a, {
+        "no_alpha_rescale": ("test_ragged", merges),
+        "drops_last_block": ("test_ragged", merges + ["test_small", "test_configs", "test_overflow"]),
+        "merge_nan_on_empty": ("test_merge_empty", ["test_merge_random", "test_merge_large",
+                                                    "test_merge_chain", "test_small", "test_configs"]),
+    })
+    assert {"test_small", "test_configs"} <= set(results["no_alpha_rescale"].failed)
+    assert "alpha rescale missing" in results["no_alpha_rescale"].messages["test_small"]
+
+
+# ----------------------------------------------------------------------------- exercise 04
+@pytest.mark.slow
+def test_exercise_04_grading(tmp_path):
+    a = "04_tiled_attention"
+    sol = solution_code(a)["tiled_attention"]
+    bugs = {
+        "top_left_causal": {"tiled_attention": mutate(sol, ("off = Skv - Sq ", "off = 0      "))},
+        "head_h_mod_hkv": {"tiled_attention": mutate(
+            sol,
+            ("q[:, :, i0:i1].float().reshape(B, Hkv, G, Br, D)",
+             "q[:, :, i0:i1].float().reshape(B, G, Hkv, Br, D).transpose(1, 2)"),   # head g*Hkv + kv
+            ("O_i.reshape(B, Hq, Br, D)", "O_i.transpose(1, 2).reshape(B, Hq, Br, D)"),
+            ("(m_i + torch.log(l_i)).reshape(B, Hq, Br)", "(m_i + torch.log(l_i)).transpose(1, 2).reshape(B, Hq, Br)"))},
+        "no_tile_skipping": {"tiled_attention": mutate(
+            sol, ("n_end = min(Skv, i1 + off) if causal else Skv", "n_end = Skv"))},
+    }
+    results = grade_exercise(tmp_path, a, bugs)
+    assert_graded(results, a, {
+        "top_left_causal": ("test_asymmetric", ["test_small", "test_medium", "test_large", "test_noncausal",
+                                                "test_edge_mqa", "test_edge_d64"]),
+        "head_h_mod_hkv": ("test_medium", ["test_edge_mqa"]),
+        "no_tile_skipping": ("test_tile_skipping", ["test_small", "test_medium", "test_asymmetric",
+                                                    "test_edge_ragged", "test_edge_empty_rows",
+                                                    "test_block_sizes"]),
+    })
+    assert results["no_tile_skipping"].failed == ["test_tile_skipping"]
+    assert "top-left" in results["top_left_causal"].messages["test_asymmetric"]
+    assert "h % Hkv" in results["head_h_mod_hkv"].messages["test_medium"]
+
+
+# ----------------------------------------------------------------------------- the softmax check itself
+def _ok_softmax(x, dim=-1):
+    xf = x.float()
+    m = xf.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    e = torch.exp(xf - m)
+    l = e.sum(dim=dim, keepdim=True)
+    return (e / torch.where(l > 0, l, torch.ones_like(l))).to(x.dtype)
+
+
+def _ok_merge(m_a, l_a, m_b, l_b):
+    m = torch.maximum(m_a, m_b)
+    s = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return m, l_a * torch.exp(m_a - s) + l_b * torch.exp(m_b - s)
+
+
+def _online(x, block_size, bug=None):
+    n = x.shape[-1]
+    m = torch.full(x.shape[:-1], float("-inf"))
+    l = torch.zeros(x.shape[:-1])
+    stop = n - block_size + 1 if bug == "tail" else n
+    for j in range(0, stop, block_size):
+        b = x[..., j:j + block_size].float()
+        m_new = torch.maximum(m, b.amax(dim=-1))
+        if bug == "no_guard":
+            l = l * torch.exp(m - m_new) + torch.exp(b - m_new[..., None]).sum(dim=-1)
+        else:
+            s = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(b - s[..., None]).sum(dim=-1)
+            l = l + p if bug == "no_alpha" else l * torch.exp(m - s) + p
+        m = m_new
+    s = torch.where(torch.isneginf(m), torch.zeros_like(m), m)[..., None]
+    inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))[..., None]
+    y = torch.empty_like(x)
+    for j in range(0, stop, block_size):
+        y[..., j:j + block_size] = (torch.exp(x[..., j:j + block_size].float() - s) * inv).to(x.dtype)
+    return y
+
+
+CHEAP = ["small", "ragged", "overflow", "masked", "all_masked", "half", "other_dims"]
+
+
+def test_softmax_check_accepts_correct_results():
+    assert set(CHEAP) < set(SOFTMAX_CASES)
+    for case in CHEAP:
+        check_softmax_fn(_ok_softmax, case, seed=1, verbose=False)
+        if case != "other_dims":
+            for bs in (1, 32, 100):
+                check_softmax_fn(_online, case, block_size=bs, seed=2, verbose=False)
+    for case in MERGE_CASES:
+        check_merge_fn(_ok_merge, case, seed=3, verbose=False)
+
+
+def test_softmax_check_cases_are_what_they_say():
+    from facourse.softmax_check import case_inputs
+    for label, x, _ in case_inputs("overflow", 0, "cpu"):
+        assert x.float().abs().max() > 89, label              # exp() overflows fp32 (and fp16)
+    rows = [x for _, x, _ in case_inputs("all_masked", 0, "cpu")]
+    assert all(bool(torch.isneginf(x).all(dim=-1).any()) for x in rows)
+    lengths = {x.shape[-1] for _, x, _ in case_inputs("ragged", 0, "cpu")}
+    assert any(n % 64 for n in lengths) and 1 in lengths
+
+
+FAULTS = [
+    ("no max subtraction", lambda x, dim=-1: torch.nan_to_num(
+        torch.exp(x.float()) / torch.exp(x.float()).sum(dim, keepdim=True), nan=0.0).to(x.dtype), "overflow", None),
+    ("all -inf", lambda x, dim=-1: torch.softmax(x.float(), dim).to(x.dtype), "all_masked", None),
+    ("softmax over dim", lambda x, dim=-1: _ok_softmax(x, -1), "other_dims", None),
+    ("dtype", lambda x, dim=-1: _ok_softmax(x, dim).float(), "half", None),
+    ("was modified", lambda x, dim=-1: _ok_softmax(x.sub_(0.5), dim), "small", None),
+    ("alpha rescale missing", lambda x, bs: _online(x, bs, "no_alpha"), "small", 32),
+    ("last partial block", lambda x, bs: _online(x, bs, "tail"), "ragged", 64),
+    ("first block is all -inf", lambda x, bs: _online(x, bs, "no_guard"), "masked", 64),
+]
+
+
+@pytest.mark.parametrize("cause, fn, case, block_size", FAULTS, ids=[f[0] for f in FAULTS])
+def test_softmax_check_rejects_each_fault(cause, fn, case, block_size):
+    with pytest.raises(SoftmaxCheckError) as err:
+        check_softmax_fn(fn, case, block_size=block_size, seed=4, verbose=False)
+    assert cause in str(err.value), str(err.value)
+    assert f"[{case}" in str(err.value)          # names the case
+
+
+MERGE_FAULTS = [
+    ("alpha rescale missing", lambda ma, la, mb, lb: (torch.maximum(ma, mb), la + lb), "random"),
+    ("exp of a maximum itself overflowed", lambda ma, la, mb, lb: (
+        torch.maximum(ma, mb), (la * torch.exp(ma) + lb * torch.exp(mb)) / torch.exp(torch.maximum(ma, mb))), "large"),
+    ("two empty states", lambda ma, la, mb, lb: (
+        torch.maximum(ma, mb), la * torch.exp(ma - torch.maximum(ma, mb)) + lb * torch.exp(mb - torch.maximum(ma, mb))),
+     "empty"),
+    ("m is wrong", lambda ma, la, mb, lb: (torch.minimum(ma, mb), _ok_merge(ma, la, mb, lb)[1]), "random"),
+    ("pair of tensors", lambda ma, la, mb, lb: _ok_merge(ma, la, mb, lb)[1], "random"),
+]
+
+
+@pytest.mark.parametrize("cause, fn, case", MERGE_FAULTS, ids=[f[0] for f in MERGE_FAULTS])
+def test_merge_check_rejects_each_fault(cause, fn, case):
+    with pytest.raises(SoftmaxCheckError) as err:
+        check_merge_fn(fn, case, seed=5, verbose=False)
+    assert cause in str(err.value), str(err.value)
+
+
+def test_softmax_check_prints_and_returns_nothing(capsys):
+    assert check_softmax_fn(_ok_softmax, "small", seed=6) is None
+    assert check_merge_fn(_ok_merge, "chain", seed=6) is None
+    out = capsys.readouterr()
+    assert "passed" in out.out and out.err == ""
+
+
+def test_release_has_no_rubric_or_model_answer():
+    for a, phrase in (("02_safe_softmax", "Three passes"), ("03_online_softmax", "represented sum"),
+                      ("04_tiled_attention", "T(T+1)/2")):
+        (path,) = (ROOT / "exercises" / a).glob("*.ipynb")
+        text = path.read_text(encoding="utf-8")
+        assert "MARK SCHEME" not in text and "BEGIN SOLUTION" not in text and phrase not in text, a
+        (src,) = (ROOT / "solutions" / a).glob("*.ipynb")
+        assert phrase in src.read_text(encoding="utf-8"), f"{a}: the check above looks for a phrase that moved"
