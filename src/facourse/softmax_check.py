@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import secrets
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -82,8 +83,13 @@ def _torch_softmax(x, dim):
 
 # ----------------------------------------------------------------------------- case inputs
 def _scores(name, seed, device, dtype):
-    """scale * Q K^T of one attention configuration (causal mask as -inf), as [B, Hq, Sq, Skv]."""
+    """scale * Q K^T of one attention configuration (causal mask as -inf), as [B, Hq, Sq, Skv].
+
+    The rows are those of the configuration (Sq rows of Skv keys, its mask); on a GPU at most 2 batches
+    and 8 query heads of them are drawn (full-size 'large' would be 10^9 scores, 8 GB in float64).
+    """
     cfg = get_config(name, device)
+    cfg = replace(cfg, B=min(cfg.B, 2), Hq=min(cfg.Hq, 8), Hkv=min(cfg.Hkv, 2))
     q, k, _ = make_inputs(cfg, seed, device, torch.float32)
     idx = torch.arange(cfg.Hq, device=q.device) // cfg.group
     s = torch.matmul(q, k.index_select(1, idx).transpose(-1, -2)) * default_scale(cfg.D)
