@@ -508,6 +508,11 @@ def loop_order(out):
 FIGURES = {f.__name__: f for f in (memory_hierarchy, roofline, tiling_grid, online_softmax_update,
                                      triton_program_id, causal_tiles, gqa_heads, hbm_trips_vanilla,
                                      loop_order)}
+# Step 06's fragment layouts live beside their index functions (which the tests also use).
+sys.path.insert(0, HERE)
+from fragments import FIGURES as _FRAGMENT_FIGURES  # noqa: E402
+
+FIGURES.update(_FRAGMENT_FIGURES)
 
 
 def main(argv=None):

@@ -4,7 +4,7 @@ The index functions restate the PTX ISA tables ("Matrix Fragments for mma.m16n8k
 point type"; "ldmatrix"): tests/test_cuda_step06.py uses them to emulate a warp on the CPU, and the
 figures below draw them. FIGURES maps a figure name to fn(out_dir) -> path, like diagrams/draw.py.
 
-    python diagrams/fragments.py [--out DIR]
+Drawn by `python diagrams/draw.py` with the course's other figures.
 """
 from __future__ import annotations
 
@@ -158,17 +158,3 @@ def _save(fig, name, out):
 
 
 FIGURES = {f.__name__: f for f in (mma_m16n8k16_fragments, ldmatrix_x4, swizzle_banks)}
-
-
-def main(argv=None):
-    import argparse
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=HERE)
-    a = ap.parse_args(argv)
-    for fn in FIGURES.values():
-        print(fn(a.out))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
