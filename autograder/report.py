@@ -1,0 +1,223 @@
+"""The grading report: one HTML page for the class, one per student, plots as PNG files beside them.
+
+    report/index.html            score distribution, per-test pass rates, perf (GPU tier), table
+    report/students/<name>.html  feedback: each test, its points, the teaching line of a failure
+    report/*.png                 the plots (files, never base64)
+
+Feedback shows the error's name and the check's "likely cause" line (or the first line of the
+message), never the source of a hidden test.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from .cli import Result, _headline
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:70em;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}.pass{color:#176c2e}.fail{color:#a11}.muted{color:#777}img{max-width:100%;margin:.5em 0}
+code{background:#f6f6f6;padding:0 .2em}"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+            f"<style>{CSS}</style></head><body><h1>{_e(title)}</h1>{body}</body></html>\n")
+
+
+def _plots(results: list[Result], out: Path) -> dict[str, list[str]]:
+    """Draw the class plots for each assignment; returns {assignment: [png file names]}."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files: dict[str, list[str]] = defaultdict(list)
+    by_a = defaultdict(list)
+    for r in results:
+        by_a[r.assignment].append(r)
+    for a, rs in sorted(by_a.items()):
+        top = max((r.max_score for r in rs), default=0) or 1
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.hist([r.score for r in rs], bins=[x - 0.5 for x in range(int(top) + 2)], color="#4c72b0",
+                edgecolor="white")
+        ax.set(xlabel="score", ylabel="submissions", title=f"{a}: score distribution")
+        fig.tight_layout()
+        name = f"{_slug(a)}_scores.png"
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        files[a].append(name)
+
+        rates = _pass_rates(rs)
+        if rates:
+            fig, ax = plt.subplots(figsize=(6, 0.35 * len(rates) + 1))
+            names = list(rates)
+            ax.barh(names, [rates[n][0] / max(rates[n][1], 1) * 100 for n in names], color="#55a868")
+            ax.invert_yaxis()
+            ax.set(xlim=(0, 100), xlabel="% of graded submissions passing", title=f"{a}: pass rate per test")
+            fig.tight_layout()
+            name = f"{_slug(a)}_pass_rates.png"
+            fig.savefig(out / name, dpi=100)
+            plt.close(fig)
+            files[a].append(name)
+
+        perf = [(r.student, p) for r in rs for p in r.perf if p.get("tflops_student") is not None]
+        if perf:
+            fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 0.35 * len(perf) + 1.5))
+            labels = [f"{s} {p.get('config', '').split(' ')[0]}" for s, p in perf]
+            ax1.barh(labels, [p["tflops_student"] for _, p in perf], color="#4c72b0", label="student")
+            ax1.scatter([p.get("tflops_ref", 0) for _, p in perf], labels, color="k", marker="|", s=200,
+                        label="reference", zorder=3)
+            ax1.set(xlabel="TFLOP/s", title="throughput")
+            ax1.legend(loc="lower right", fontsize=8)
+            ax1.invert_yaxis()
+            ax2.barh(labels, [p.get("ratio", 0) for _, p in perf], color="#dd8452")
+            for x, st in ((perf[0][1].get("min"), "--"), (perf[0][1].get("target"), "-")):
+                if x:
+                    ax2.axvline(x, color="k", linestyle=st, linewidth=1)
+            ax2.set(xlabel="t_ref / t_student", title="ratio to the reference (min --, target -)")
+            ax2.invert_yaxis()
+            ax2.set_yticklabels([])
+            fig.tight_layout()
+            name = f"{_slug(a)}_perf.png"
+            fig.savefig(out / name, dpi=100)
+            plt.close(fig)
+            files[a].append(name)
+    return files
+
+
+def _pass_rates(rs: list[Result]) -> dict[str, tuple[int, int]]:
+    """{test: (passed, graded)} over submissions that were actually graded."""
+    rates: dict[str, list[int]] = {}
+    for r in rs:
+        if not r.status.startswith("graded"):
+            continue
+        for t in r.tests:
+            if not t.get("auto") or not t.get("max_score"):
+                continue
+            c = rates.setdefault(t["name"], [0, 0])
+            c[0] += t["score"] >= t["max_score"]
+            c[1] += 1
+    return {k: (v[0], v[1]) for k, v in rates.items()}
+
+
+def _machines(results: list[Result]) -> list[dict]:
+    seen, out = set(), []
+    for r in results:
+        for p in r.perf:
+            env = p.get("env") or {}
+            key = json.dumps(env, sort_keys=True)
+            if env and key not in seen:
+                seen.add(key)
+                out.append(env)
+    return out
+
+
+def _feedback_rows(r: Result) -> str:
+    rows = []
+    for t in r.tests:
+        name = t["name"]
+        if not t.get("auto"):
+            verdict, why = "<span class='muted'>graded by hand</span>", ""
+        elif t["score"] >= t["max_score"]:
+            verdict, why = "<span class='pass'>passed</span>", ""
+        else:
+            verdict = "<span class='fail'>failed</span>"
+            msg = r.messages.get(name, "")
+            why = _e(_headline(msg.split(": ", 1)[-1]) if msg else "")
+            if msg:
+                why = f"<code>{_e(msg.split(':', 1)[0])}</code> {why}"
+        rows.append(f"<tr><td>{_e(name)}</td><td>{t['score']:g} / {t['max_score']:g}</td>"
+                    f"<td>{verdict}</td><td>{why}</td></tr>")
+    return "".join(rows)
+
+
+def write_student_page(student: str, rs: list[Result], path: Path) -> None:
+    parts = []
+    for r in rs:
+        parts.append(f"<h2>{_e(r.assignment)}: {r.score:g} / {r.max_score:g}</h2>"
+                     f"<p>status: {_e(r.status)}</p>")
+        if r.tests:
+            parts.append("<table><tr><th>test</th><th>points</th><th>result</th><th>feedback</th></tr>"
+                         + _feedback_rows(r) + "</table>")
+        for p in r.perf:
+            parts.append(f"<p>performance: {_e(p.get('summary') or p.get('status', ''))}</p>")
+    parts.append("<p class='muted'>Feedback names each failed test and the check's likely cause; "
+                 "the hidden tests themselves stay hidden.</p>")
+    path.write_text(_page(f"Feedback for {student}", "".join(parts)), encoding="utf-8")
+
+
+def write_report(results: list[Result], out: Path, machine: dict | None = None) -> Path:
+    """Write the class page, one page per student and the plots under ``out``; returns index.html."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "students").mkdir(exist_ok=True)
+    for old in out.glob("*.png"):
+        old.unlink()
+    files = _plots(results, out)
+    body = [f"<p>{len(results)} submission(s), written {time.strftime('%Y-%m-%d %H:%M')}. "
+            "Grades CSV: <code>grades.csv</code> in the workspace.</p>"]
+    machine = machine or _grading_machine()
+    body.append("<h2>Grading machine</h2><table>" + "".join(
+        f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in machine.items()) + "</table>")
+    perf_envs = _machines(results)
+    if perf_envs:
+        body.append("<h2>Performance measured on</h2><table>" + "".join(
+            "<tr>" + "".join(f"<td>{_e(k)}: {_e(v)}</td>" for k, v in env.items()) + "</tr>"
+            for env in perf_envs) + "</table>")
+    by_a = defaultdict(list)
+    for r in results:
+        by_a[r.assignment].append(r)
+    for a, rs in sorted(by_a.items()):
+        scores = [r.score for r in rs]
+        body.append(f"<h2>{_e(a)}</h2><p>mean {sum(scores) / len(scores):.2f} of "
+                    f"{max(r.max_score for r in rs):g}; {sum(r.status.startswith('graded') for r in rs)}"
+                    f" of {len(rs)} graded</p>")
+        body += [f"<img src='{_e(f)}' alt='{_e(f)}'>" for f in files.get(a, [])]
+        rates = _pass_rates(rs)
+        if rates:
+            body.append("<table><tr><th>test</th><th>passed</th></tr>" + "".join(
+                f"<tr><td>{_e(n)}</td><td>{p} / {g}</td></tr>" for n, (p, g) in rates.items()) + "</table>")
+        perf = [(r.student, p) for r in rs for p in r.perf]
+        if perf:
+            body.append("<table><tr><th>student</th><th>config</th><th>TFLOP/s</th><th>reference</th>"
+                        "<th>ratio</th><th>points</th><th>note</th></tr>" + "".join(
+                            f"<tr><td>{_e(s)}</td><td>{_e(p.get('config', ''))}</td>"
+                            f"<td>{_e(_num(p.get('tflops_student')))}</td>"
+                            f"<td>{_e(_num(p.get('tflops_ref')))} ({_e(p.get('backend', ''))})</td>"
+                            f"<td>{_e(_num(p.get('ratio'), 2))}</td><td>{_e(p.get('points', ''))}</td>"
+                            f"<td>{_e(p.get('flag') or p.get('status', ''))}</td></tr>" for s, p in perf)
+                        + "</table>")
+        body.append("<table><tr><th>student</th><th>score</th><th>status</th><th>failed tests</th></tr>")
+        for r in rs:
+            body.append(f"<tr><td><a href='students/{_e(_slug(r.student))}.html'>{_e(r.student)}</a></td>"
+                        f"<td>{r.score:g} / {r.max_score:g}</td><td>{_e(r.status)}</td>"
+                        f"<td>{_e(', '.join(r.failed) or '-')}</td></tr>")
+        body.append("</table>")
+    by_s = defaultdict(list)
+    for r in results:
+        by_s[r.student].append(r)
+    for s, rs in by_s.items():
+        write_student_page(s, rs, out / "students" / f"{_slug(s)}.html")
+    index = out / "index.html"
+    index.write_text(_page("Autograding report", "".join(body)), encoding="utf-8")
+    return index
+
+
+def _num(x, digits: int = 0) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def _grading_machine() -> dict:
+    from .perf import environment
+    return environment()
