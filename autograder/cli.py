@@ -660,13 +660,13 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("release", help="regenerate exercises/ from solutions/")
     r.add_argument("assignments", nargs="*")
 
-    def grading_options(g):
+    def grading_options(g, jobs=1):
         g.add_argument("--timeout", type=float, default=1800,
                        help="seconds per submission, the whole notebook (default 1800)")
         g.add_argument("--cell-timeout", type=float, default=None,
                        help="seconds per cell (default: FACOURSE_CELL_TIMEOUT or 600)")
-        g.add_argument("--jobs", "-j", type=int, default=1,
-                       help="submissions graded at once (default 1; with GPUs, at most one per GPU)")
+        g.add_argument("--jobs", "-j", type=int, default=jobs,
+                       help=f"submissions graded at once (default {jobs}; with GPUs, at most one per GPU)")
         g.add_argument("--force", action="store_true",
                        help="re-grade submissions whose recorded result is up to date")
 
@@ -680,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="write the grades CSV from the gradebook")
     e.add_argument("--csv", type=Path)
     d = sub.add_parser("demo", help="release, autograde the bundled samples, print the grade table")
-    grading_options(d)
+    grading_options(d, jobs=max(1, min(3, os.cpu_count() or 1)))
     b = sub.add_parser("bundle", help="build the student archive (no solutions, no autograder)")
     b.add_argument("out", type=Path, help="the .zip to write")
     args = p.parse_args(argv)

@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from .cli import Result, _headline
+from .cli import Result
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:70em;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
@@ -134,13 +134,25 @@ def _feedback_rows(r: Result) -> str:
             verdict, why = "<span class='pass'>passed</span>", ""
         else:
             verdict = "<span class='fail'>failed</span>"
-            msg = r.messages.get(name, "")
-            why = _e(_headline(msg.split(": ", 1)[-1]) if msg else "")
-            if msg:
-                why = f"<code>{_e(msg.split(':', 1)[0])}</code> {why}"
+            why = _feedback(r.messages.get(name, ""))
         rows.append(f"<tr><td>{_e(name)}</td><td>{t['score']:g} / {t['max_score']:g}</td>"
                     f"<td>{verdict}</td><td>{why}</td></tr>")
     return "".join(rows)
+
+
+def _feedback(msg: str) -> str:
+    """The error's name, the first line of its message and the check's "likely cause" line."""
+    if not msg:
+        return ""
+    ename, _, text = msg.partition(": ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    first = first if len(first) <= 300 else first[:297] + "..."
+    cause = next((ln for ln in lines if ln.startswith("likely cause:")), "")
+    out = f"<code>{_e(ename)}</code> {_e(first)}"
+    if cause and cause != first:
+        out += f"<br><b>{_e(cause)}</b>"
+    return out
 
 
 def write_student_page(student: str, rs: list[Result], path: Path) -> None:

@@ -16,7 +16,7 @@ def vanilla(q, k, v, causal=False, scale=None):
     g = Hq // k.shape[1]
     s = (q.float() @ k.repeat_interleave(g, 1).float().transpose(-1, -2)) * (scale or 1 / math.sqrt(D))
     if causal:
-        i, j = torch.arange(Sq)[:, None], torch.arange(Skv)[None, :]
+        i, j = torch.arange(Sq, device=q.device)[:, None], torch.arange(Skv, device=q.device)[None, :]
         s = s.masked_fill(j > i + (Skv - Sq), float("-inf"))
     p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
     return (p @ v.repeat_interleave(g, 1).float()).to(q.dtype)
@@ -28,14 +28,16 @@ def tiled(q, k, v, causal=False, scale=None, block_n=64):
     Skv, g = k.shape[2], Hq // k.shape[1]
     scale = scale or 1 / math.sqrt(D)
     K, V = k.repeat_interleave(g, 1).float(), v.repeat_interleave(g, 1).float()
-    m = torch.full((B, Hq, Sq, 1), float("-inf"))
-    l = torch.zeros(B, Hq, Sq, 1)
-    acc = torch.zeros(B, Hq, Sq, D)
-    i = torch.arange(Sq)[:, None]
+    dev = q.device
+    m = torch.full((B, Hq, Sq, 1), float("-inf"), device=dev)
+    l = torch.zeros(B, Hq, Sq, 1, device=dev)
+    acc = torch.zeros(B, Hq, Sq, D, device=dev)
+    i = torch.arange(Sq, device=dev)[:, None]
     for j0 in range(0, Skv, block_n):
         s = (q.float() @ K[:, :, j0:j0 + block_n].transpose(-1, -2)) * scale
         if causal:
-            s = s.masked_fill(torch.arange(j0, min(j0 + block_n, Skv))[None, :] > i + (Skv - Sq), float("-inf"))
+            s = s.masked_fill(torch.arange(j0, min(j0 + block_n, Skv), device=dev)[None, :] > i + (Skv - Sq),
+                             float("-inf"))
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(s - safe)
@@ -65,7 +67,7 @@ def aten_kernel(q, k, v, causal=False, scale=None):
 
 
 def mha(q, k, v, causal=False, scale=None):
-    m = torch.nn.MultiheadAttention(q.shape[-1], 1)
+    m = torch.nn.MultiheadAttention(q.shape[-1], 1, device=q.device, dtype=q.dtype)
     return m(q[0], q[0], q[0])[0]
 
 
@@ -96,6 +98,7 @@ def test_guard_is_removed_after_the_call():
     check_entry_point(forbid_framework_attention(tiled), "small")
     assert torch.nn.MultiheadAttention.forward.__name__ == "forward"
     sdpa(*[torch.randn(1, 2, 8, 4) for _ in range(3)])      # no guard left active
+    torch.softmax(torch.randn(4, 300), dim=-1)
 
 
 def _cached():
