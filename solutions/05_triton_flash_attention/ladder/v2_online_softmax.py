@@ -2,7 +2,7 @@
 Fixed BLOCK_M = BLOCK_N = 64, 4 warps, 2 stages.
 
 v2 verdict: any length, but visits every masked tile: 174 TFLOP/s on large (0.56x FA2), 360 on long (1.01x), H100.
-Measured: benchmarks/results/2026-11-22_h100_step05.json (benchmarks/run_gpu.py).
+Measured: benchmarks/results/2026-11-22_h100_step05_run2.json (benchmarks/run_gpu.py; the later runs agree within about 10 %).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton with raw pointers and masks. One
 program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j

@@ -1,6 +1,6 @@
 """v5: tensor descriptors (TMA on Hopper) instead of pointer arithmetic; the solution.
 
-v5 verdict: the solution. 347 TFLOP/s on large (1.13x FA2, 0.65x cuDNN), 504 on long (1.48x FA2), 1.28-1.68x FA2 over the 4k-16k sweep (fp16), H100.
+v5 verdict: the solution. 336 TFLOP/s on large (1.15x FA2, 0.70x cuDNN; 1.26x in the same run's ladder timing), 504 on long (1.52x FA2), 1.30-1.56x FA2 over the 4k-16k sweep (fp16), H100.
 Measured: benchmarks/results/2026-11-22_h100_step05.json (benchmarks/run_gpu.py).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton; v5 reads tiles through tensor descriptors (TMA). One
@@ -158,11 +158,11 @@ def _configs():
 
 
 def _prune(configs, named_args, **kwargs):
-    """Sq >= 1024 keeps the 128-row tiles only. On `long` (8k) that helped: one autotune run picked
-    64-row tiles there and measured 477 TFLOP/s, the 128-row ones 504. On `large` (2k, causal) it
-    hurt: v4, free to pick 64x64 with 4 warps, measured 411 there against v5's 347. Next step:
-    prune only from Sq >= 4096 (not yet measured; benchmarks/README.md)."""
-    if named_args["Sq"] >= 1024:
+    """Sq >= 4096 keeps the 128-row tiles only. On `long` (8k) that helped: one autotune run picked
+    64-row tiles there and measured 477 TFLOP/s, the 128-row ones 504. On `large` (2k, causal) a
+    prune from Sq >= 1024 hurt: v4, free to pick 64x64 with 4 warps, measured 411 there against
+    v5's 347 with the prune; so below 4096 every config competes."""
+    if named_args["Sq"] >= 4096:
         return [c for c in configs if c.kwargs["BLOCK_M"] == 128]
     return configs
 
