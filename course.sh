@@ -34,9 +34,12 @@ setup() {
 }
 
 cmd=${1:-demo}
+need() {  # the student archive ships neither the grading side nor the course's own tests
+  [ -e "$1" ] || { echo "'$cmd' needs $1/, which the student archive does not include; './course.sh setup' works" >&2; exit 2; }
+}
 case "$cmd" in
   setup) setup ;;
-  demo) setup; exec "$VENV/bin/python" -m autograder demo ;;
-  test) setup; shift || true; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  demo) need autograder; setup; exec "$VENV/bin/python" -m autograder demo ;;
+  test) need tests; setup; shift || true; exec "$VENV/bin/python" -m pytest -q "$@" ;;
   *) echo "usage: ./course.sh [demo|test|setup] [pytest args]" >&2; exit 2 ;;
 esac

@@ -232,7 +232,20 @@ def check_no_caching(fn, config: str = "medium", *, expect_lse: bool = False, de
                         f"{label2}, although the inputs differ.\n  likely cause: the function "
                         "returns a cached or precomputed result; it must compute the output from "
                         "the inputs it is given, on every call") from err
-            raise
+            # Same values in new tensors: a right answer now means the wrong one came from state
+            # kept between calls (a cache keyed by address, shape or call count).
+            fresh = [t.clone() for t in (q, k, v)]
+            try:
+                o_re, lse_re = _out(fn(*fresh, causal=cfg.causal))
+                check_attention(o_re, *fresh, cfg.causal, None, lse_re if expect_lse else None,
+                                config=f"{cfg.name}, {label}, repeated on copies")
+            except AttentionCheckError:
+                raise err from None
+            raise CheatDetected(
+                f"[anti-cheat] {cfg.name}: the {label} gave a wrong result, and the same values "
+                "in new tensors give the right one.\n  likely cause: the function keeps results "
+                "between calls (keyed by tensor address, shape or call count); it must compute "
+                "the output from the inputs it is given, on every call") from err
     o1, (o1_snap, _) = calls[0][6][0], calls[0][7]
     if isinstance(o1, torch.Tensor) and not _same(o1, o1_snap):
         raise CheatDetected(

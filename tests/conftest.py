@@ -64,7 +64,7 @@ def grade_submissions(tmp_path: Path, assignment: str, notebooks: dict[str, dict
             path.write_bytes(nb)
         else:
             path.write_text(nb, encoding="utf-8")
-    results = cli.autograde(subs, tmp_path / "ws", [assignment], timeout=timeout, quiet=True)
+    results = cli.autograde(subs, tmp_path / "ws", [assignment], timeout=timeout, quiet=True, jobs=2)
     return {r.student: r for r in results}
 
 

@@ -132,11 +132,12 @@ def _shared_buffer():
     return fn
 
 
-@pytest.mark.parametrize("make, what", [(_cached, "second call"), (_pointer_cached, "fourth call"),
+@pytest.mark.parametrize("make, what", [(_cached, "second call"), (_pointer_cached, "second call|fourth call"),
                                         (_shared_buffer, "output returned by the first call changed")])
 def test_caching_is_caught(make, what):
     fn = make()
     check_entry_point(fn, "medium")                  # the ordinary check cannot see it
+    # (a freed address may be reused for the next inputs: the address cache then shows at once)
     with pytest.raises(CheatDetected, match=what):
         check_no_caching(fn, "medium")
 
