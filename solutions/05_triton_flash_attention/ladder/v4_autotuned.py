@@ -17,30 +17,13 @@ import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+from facourse.triton_setup import interpret_without_gpu
+
+INTERPRET = interpret_without_gpu()  # before any kernel is defined
 
 import triton
 import triton.language as tl
 
-
-def _interpreter_fix():
-    """Triton 3.6's interpreter keeps scalars as 1-element arrays and NumPy >= 2.4 refuses int() of
-    those, so a loop bound computed from tl.program_id crashes it. Read the element instead."""
-    import triton.runtime.interpreter as interp
-    orig = interp._patch_lang_tensor
-    if getattr(orig, "fixed", False):
-        return
-
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-    patched.fixed = True
-    interp._patch_lang_tensor = patched
-
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    _interpreter_fix()
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
