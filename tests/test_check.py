@@ -197,3 +197,18 @@ def test_names_a_missing_alpha_rescale(block_n, rescale_l):
         return _without_alpha(q, k, v, causal, scale, block_n)[0 if rescale_l else 1].to(q.dtype)
     msg = run_fault(fault, "medium")
     assert f"key tiles of {block_n}" in msg and "alpha" in msg
+
+
+def test_check_all_runs_every_case_and_stops_at_a_fault(capsys):
+    from facourse import check_all
+
+    check_all(good, dtypes=(torch.float32,))
+    out = capsys.readouterr().out
+    for name in ("[small", "[asymmetric", "[ragged", "[empty_rows", "[overflow", "[d64"):
+        assert name in out
+
+    def wrong_on_ragged_lengths(q, k, v, causal=False, scale=None):
+        o, lse = good(q, k, v, causal, scale)
+        return (o * 0.5, lse) if q.shape[2] % 64 else (o, lse)
+    with pytest.raises(AttentionCheckError, match=r"\[ragged"):
+        check_all(wrong_on_ragged_lengths, dtypes=(torch.float32,), verbose=False)

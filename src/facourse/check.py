@@ -403,3 +403,17 @@ def check_entry_point(fn, config: str | AttnConfig = "small", *, seed: int | Non
     if verbose:
         print(report.summary())
     # Returns nothing on purpose: nbgrader reads a test cell's displayed value as partial credit.
+
+
+def check_all(fn, *, expect_lse: bool = True, dtypes=None, device=None, verbose: bool = True) -> None:
+    """``check_entry_point`` on the five configurations and every edge case, in each dtype:
+    fp16 and bf16 on a GPU, fp16 on the CPU (where Triton's interpreter mis-multiplies bf16)."""
+    from .configs import EDGE_CASES, profile
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtypes is None:
+        dtypes = (torch.float16, torch.bfloat16) if torch.device(device).type == "cuda" else (torch.float16,)
+    for dt in dtypes:
+        for name in [*profile(device), *EDGE_CASES]:
+            check_entry_point(fn, name, device=device, dtype=dt, expect_lse=expect_lse, verbose=verbose)

@@ -164,13 +164,8 @@ def flash_attention_triton(q, k, v, causal=False, scale=None):
 
 # ----------------------------------------------------------------------------- test
 def test():
-    from facourse import check_entry_point
-    names = ["small", "medium", "large", "noncausal", "asymmetric",
-             "ragged", "ragged_noncausal", "decode", "empty_rows", "d64", "mqa", "overflow"]
-    dtypes = [torch.float16, torch.bfloat16] if torch.cuda.is_available() else [torch.float16]
-    for dt in dtypes:
-        for name in names:
-            check_entry_point(flash_attention_triton, name, dtype=dt, expect_lse=True)
+    from facourse import check_all
+    check_all(flash_attention_triton, expect_lse=True)   # the five configurations, every edge case
 
 
 # ----------------------------------------------------------------------------- benchmark
