@@ -69,7 +69,30 @@ def step06() -> str:
     return "\n".join(out)
 
 
-TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step06": step06}
+def step07() -> str:
+    d = _load("2026-11-22_h100_step07.json")
+    names = ["large", "full_4k", "causal_4k", "full_8k", "causal_8k", "full_16k", "causal_16k"]
+    out = ["| version | checks passed | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for v, r in d["versions"].items():
+        ok = sum(x == "ok" for x in r["check"].values())
+        cells = []
+        for n in names:
+            b = r["bench"].get(n, {})
+            cu, fa = b.get("CUDNN_ATTENTION", {}), b.get("FLASH_ATTENTION", {})
+            cells.append("—" if "ratio" not in cu else
+                         f"{cu['tflops_student']:.0f} ({_x(cu['ratio'])} cuDNN, {_x(fa.get('ratio'))} FA2)")
+        out.append(f"| {v} | {ok}/{len(r['check'])} | " + " | ".join(cells) + " |")
+    for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):  # the reference's own figure, per rung's pairing
+        lo_hi = []
+        for n in names:
+            xs = [r["bench"][n][backend]["tflops_ref"] for r in d["versions"].values()
+                  if backend in r["bench"].get(n, {}) and "tflops_ref" in r["bench"][n][backend]]
+            lo_hi.append(f"{min(xs):.0f}-{max(xs):.0f}" if xs else "—")
+        out.append(f"| SDPA {backend} | | " + " | ".join(lo_hi) + " |")
+    return "\n".join(out)
+
+
+TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step06": step06, "step07": step07}
 
 
 def render(text: str) -> str:

@@ -514,6 +514,12 @@ from fragments import FIGURES as _FRAGMENT_FIGURES  # noqa: E402
 
 FIGURES.update(_FRAGMENT_FIGURES)
 
+# Step 07's Hopper figures live beside the warpgroup timeline model they are drawn from (which
+# course/07 also imports to print the model's tensor-core utilisation).
+from hopper_figures import FIGURES as _HOPPER_FIGURES  # noqa: E402
+
+FIGURES.update(_HOPPER_FIGURES)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
