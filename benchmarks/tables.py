@@ -52,20 +52,47 @@ def step05_ladder() -> str:
     return "\n".join(out)
 
 
+STEP06 = ["2026-11-22_h100_step06.json",        # v1-v4 and the exercise's solution
+          "2026-11-22_h100_step06_run2.json",   # v5 (its v6 failed mqa/bf16: superseded by run 3)
+          "2026-11-22_h100_step06_run3.json"]   # v6
+
+
 def step06() -> str:
-    d = _load("2026-11-22_h100_step06.json")
+    versions = {}
+    for f in STEP06:                                   # a later run replaces a version of an earlier one
+        versions.update(_load(f)["versions"])
     names = ["large", "full_4k", "causal_4k", "full_8k", "causal_8k", "full_16k", "causal_16k"]
     out = ["| version | checks passed | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for v, r in d["versions"].items():
+    for v, r in versions.items():
         ok = sum(x == "ok" for x in r["check"].values())
         cells = []
         for n in names:
             b = r["bench"].get(n)
             cells.append("—" if not b or "ratio" not in b else f"{b['tflops_student']:.0f} ({_x(b['ratio'])})")
         out.append(f"| {v} | {ok}/{len(r['check'])} | " + " | ".join(cells) + " |")
-    ref = d["versions"]["solution"]["bench"]
+    ref = versions["solution"]["bench"]
     out.append("| SDPA FLASH_ATTENTION | | " + " | ".join(
         f"{ref[n]['tflops_ref']:.0f}" if n in ref else "—" for n in names) + " |")
+    return "\n".join(out)
+
+
+def step06_variants() -> str:
+    """v5's configurations (ladder/v5_variants.py), fp16; the columns from V5_VARIANT_LIST."""
+    src = (HERE.parent / "solutions/06_cuda_flash_attention/ladder/v5_warp_specialized.cu").read_text()
+    cfg = {m[1]: [x.strip() for x in m[2].split(",")] for m in re.finditer(r"X\((\w+),\s*v5::Cfg<([^>]*)>\)", src)}
+    names = ["large", "full_4k", "causal_4k", "full_8k", "causal_8k", "full_16k", "causal_16k"]
+    out = ["| variant | warps | rows/warp | BLOCK_N | stages | producer | overlap | Q in regs | lazy | "
+           + " | ".join(names) + " |", "|---|" + "---|" * (8 + len(names))]
+    for run, f in ((1, "2026-11-22_h100_step06_v5_variants.json"), (2, "2026-11-22_h100_step06_v5_variants_run2.json")):
+        for v, r in _load(f)["variants"].items():
+            if v == "v5_default":                      # a copy of one of the listed configurations
+                continue
+            c = cfg.get(v)
+            desc = ([f"{c[0]}+1" if c[4] == "true" else c[0], str(16 * int(c[1])), c[2], c[3]]
+                    + ["yes" if c[i] == "true" else "no" for i in (4, 5, 6, 7)]) if c else ["—"] * 8
+            cells = [f"{b['tflops_student']:.0f} ({_x(b['ratio'])})" if (b := r["bench"].get(n)) and "ratio" in b
+                     else "—" for n in names]
+            out.append(f"| {v} (run {run}) | " + " | ".join(desc + cells) + " |")
     return "\n".join(out)
 
 
@@ -92,7 +119,8 @@ def step07() -> str:
     return "\n".join(out)
 
 
-TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step06": step06, "step07": step07}
+TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step06": step06, "step06_variants": step06_variants,
+          "step07": step07}
 
 
 def render(text: str) -> str:

@@ -520,6 +520,11 @@ from hopper_figures import FIGURES as _HOPPER_FIGURES  # noqa: E402
 
 FIGURES.update(_HOPPER_FIGURES)
 
+# Step 06's figure of the FlashAttention-3 ideas on mma.sync (ladder rung v5).
+from sm80_figures import FIGURES as _SM80_FIGURES  # noqa: E402
+
+FIGURES.update(_SM80_FIGURES)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,6 +1,6 @@
 """Step 06 on a GPU: build every ladder rung and the solution, check them, time them, write JSON.
 
-    python solutions/06_cuda_flash_attention/ladder/gpu_check.py [--quick] [--only v4_swizzle,solution]
+    python solutions/06_cuda_flash_attention/ladder/gpu_check.py [--quick] [--only v6_fa2_tiles_lazy,solution]
 
 Builds each kernel with facourse.load_cuda_extension (kernel .cu + fa_binding.cpp), checks it with
 facourse.check_entry_point on the five configurations and the edge cases in fp16 and bf16 (with

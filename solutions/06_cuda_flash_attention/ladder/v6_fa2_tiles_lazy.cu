@@ -1,0 +1,23 @@
+// v6_fa2_tiles_lazy.cu: what wins on mma.sync: FlashAttention-2's warp tiles (4 warps x 32 rows, every
+// ldmatrix'd K/V fragment feeds 4 MMAs, 2 CTAs per SM) and no producer warp; plus FlashAttention-4's
+// conditional rescale of O, whose own share here is within the measurement spread. The kernel is
+// v5's (same file, another configuration).
+// verdict: the fastest rung and the step's reference kernel: above FA2 on large and at every 4k-16k point
+// figure: 319 TFLOP/s on large (1.08x FA2), 1.3x v4; 1.07-1.11x FA2 over 4k-16k, H100 (benchmarks/results/2026-11-22_h100_step06_run3.json)
+//
+// Why not v5's configuration (measured, see the lecture's table of variants): on sm_80/sm_90 without
+// setmaxnreg a producer warp takes a consumer's registers, and 16-row warps read K and V from shared
+// memory twice as often per FLOP as 32-row warps; two CTAs per SM interleave their softmax and MMA
+// phases as a ping-pong would. The loads are FA2's: every thread issues cp.async for the next stage
+// after a __syncthreads, still completing on the full mbarriers of v5. The conditional rescale keeps
+// a stale row max until the max grows by more than 8 (log2 units) in fp16, and skips only exact
+// no-ops in bf16 (threshold 0): see softmax_update in v5 for why bf16 cannot afford the stale max.
+#define V5_KERNEL_ONLY
+#include "v5_warp_specialized.cu"
+
+//                          NC MT  BN  STAGES PRODUCER OVERLAP QREG   LAZY  MINB
+using V6 = v5::Cfg<4, 2, 64, 2, false, false, false, true, 2>;
+
+extern "C" int fa_launch(const FaParams* p, void* stream) {
+  return v5::launch_any<V6>(p, static_cast<cudaStream_t>(stream));
+}
