@@ -31,3 +31,7 @@ c.Execute.interrupt_on_timeout = True
 c.OverwriteCells.add_missing_cells = True
 c.ClearSolutions.code_stub = {"python": "raise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+# The CUDA exercises (06, 07) are graded from the student's own student_kernel.cu: autograde copies
+# every other file of the source folder over the submission (the given headers and binding), but
+# must not overwrite that one with the stub of solutions/.
+c.Autograde.exclude_overwriting = {p.parent.name: [p.name] for p in (ROOT / "solutions").glob("*/student_kernel.cu")}

@@ -11,7 +11,9 @@ cell returns as its partial credit. The function
    backend and the machine (GPU, driver, torch, Triton, CUDA, cuDNN); the grading report
    collects these lines from the autograded notebook.
 
-Without a GPU the cell says so, prints the line with ``status: "no GPU"`` and scores 0.
+Without a GPU the cell says so, prints the line with ``status: "no GPU"`` and scores 0; so does
+a GPU other than the one the step's kernel is built for (``capability=(9, 0)`` for step 07's sm_90a
+kernel: ``status: "wrong GPU"``).
 """
 from __future__ import annotations
 
@@ -84,7 +86,7 @@ def emit(record: dict) -> None:
 
 
 def perf_points(fn, step: str, config: str = "large", points: float = 2, dtype=None,
-                expect_lse: bool = True) -> float:
+                expect_lse: bool = True, capability: tuple[int, int] | None = None) -> float:
     import torch
 
     from facourse import AttentionCheckError, bench_attention, check_entry_point, get_config, has_gpu
@@ -95,6 +97,13 @@ def perf_points(fn, step: str, config: str = "large", points: float = 2, dtype=N
     if not has_gpu():
         print(f"No GPU here: performance ({config}) is graded on a GPU machine; this cell scores 0.")
         emit({**rec, "status": "no GPU", "env": environment()})
+        return 0.0
+    if capability is not None and torch.cuda.get_device_capability() != tuple(capability):
+        cap = torch.cuda.get_device_capability()
+        print(f"This kernel is built for sm_{capability[0]}{capability[1]} and this GPU "
+              f"({torch.cuda.get_device_name()}) is sm_{cap[0]}{cap[1]}: performance ({config}) is graded "
+              "on an H100/H200; this cell scores 0.")
+        emit({**rec, "status": "wrong GPU", "env": environment()})
         return 0.0
     t = thresholds(step)
     rec.update(min=t["min"], target=t["target"], env=environment())

@@ -5,9 +5,14 @@
 - ``nvcc_compile_check(source, arch="sm_80")``: compiles one .cu file with nvcc alone (no torch
   headers, works with a CPU-only torch, where ``load_inline`` cannot build) with ``-Xptxas -v`` and
   reports errors and, per kernel, registers, spills, stack and static shared memory.
+- ``sass_opcodes(source, arch="sm_90a")``: compiles to a cubin and counts the machine instructions
+  (SASS, by ``cuobjdump``) by opcode: ``HGMMA`` (wgmma), ``UTMALDG`` (TMA loads), ``HMMA``
+  (mma.sync), ``LDGSTS`` (cp.async), ``SYNCS`` (mbarrier)... ``check_sass`` says which required
+  opcodes are missing (step 07 must use WGMMA and TMA: ``HOPPER_OPCODES``).
 """
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shutil
@@ -16,7 +21,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CompileReport", "KernelResources", "gencode_flag", "load_cuda_extension", "nvcc_compile_check"]
+__all__ = ["CompileReport", "HOPPER_OPCODES", "KernelResources", "SassCheckError", "ToolUnavailable", "check_sass",
+           "count_opcodes", "find_cuobjdump", "gencode_flag", "load_cuda_extension", "nvcc_compile_check",
+           "sass_opcodes", "sass_summary"]
 
 
 def gencode_flag(arch: str) -> str:
@@ -194,3 +201,141 @@ def nvcc_compile_check(source, arch: str = "sm_80", extra=(), include_dirs=(), n
     if verbose:
         print(rep.summary())
     return rep
+
+
+# ----------------------------------------------------------------------------- SASS
+class ToolUnavailable(RuntimeError):
+    """A CUDA tool (nvcc, cuobjdump) is not installed here. The message says how to get it."""
+
+
+class SassCheckError(AssertionError):
+    """The compiled kernel lacks instructions it must use. The message names them and what is there."""
+
+
+#: What each opcode of interest is, in the PTX a student writes (for reports and error messages).
+OPCODE_MEANING = {
+    "HGMMA": "warpgroup MMA, wgmma.mma_async (Hopper tensor cores)",
+    "UTMALDG": "TMA tensor load, cp.async.bulk.tensor (global -> shared)",
+    "UTMASTG": "TMA tensor store (shared -> global)",
+    "SYNCS": "mbarrier operations (init, arrive, expect-tx, try_wait)",
+    "USETMAXREG": "setmaxnreg (register reallocation between warpgroups)",
+    "HMMA": "warp MMA, mma.sync (Ampere-style tensor cores)",
+    "LDSM": "ldmatrix (shared -> registers)",
+    "LDGSTS": "cp.async (Ampere-style asynchronous copy)",
+}
+
+#: The opcodes step 07's kernel must contain, and why (the hidden structural check).
+HOPPER_OPCODES = {
+    "HGMMA": "S = Q_i K_j^T and O_i += P V_j must run on WGMMA (wgmma.mma_async: gemm_qk, gemm_pv)",
+    "UTMALDG": "Q_i, K_j and V_j must arrive by TMA (cp.async.bulk.tensor: tma_load_4d in the producer)",
+}
+
+
+def _nvidia_wheel_bins():
+    """bin/ folders of NVIDIA's pip wheels (nvidia-cuda-cuobjdump: nvidia/cu13/bin or
+    nvidia/cuda_cuobjdump/bin), without importing anything heavy."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    bins = []
+    for base in getattr(nvidia, "__path__", []):
+        bins += sorted(Path(base).glob("cu*/bin")) + sorted(Path(base).glob("cuda_cuobjdump/bin"))
+    return bins
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump on PATH, in the CUDA toolkit, or from the ``nvidia-cuda-cuobjdump`` pip package."""
+    if tool := shutil.which("cuobjdump"):
+        return tool
+    dirs = [Path(os.environ[v]) / "bin" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    if nvcc := shutil.which("nvcc"):
+        dirs.append(Path(nvcc).resolve().parent)
+    dirs += [Path("/usr/local/cuda/bin"), *_nvidia_wheel_bins()]
+    for d in dirs:
+        if (d / "cuobjdump").is_file():
+            return str(d / "cuobjdump")
+    return None
+
+
+# One SASS line: "/*0230*/  @!P0 HGMMA.64x128x16.F32 R24, gdesc[UR4], RZ, !UPT ;" -> "HGMMA"
+_SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def count_opcodes(sass: str) -> collections.Counter:
+    """Opcode (the first dotted token: ``HGMMA.64x128x16.F32`` counts as ``HGMMA``) -> count."""
+    return collections.Counter(m[1] for line in sass.splitlines() if (m := _SASS_LINE.match(line)))
+
+
+def sass_opcodes(source, arch: str = "sm_90a", include_dirs=(), extra=(), nvcc: str | None = None,
+                 timeout: float = 300) -> collections.Counter:
+    """Compile ``source`` (a .cu path or CUDA source text) to a cubin for ``arch`` and count its SASS
+    instructions by opcode, over every kernel and template instance in it.
+
+    Raises :class:`ToolUnavailable` without nvcc or cuobjdump (``pip install nvidia-cuda-cuobjdump
+    nvidia-cuda-nvdisasm``), and ``RuntimeError`` with nvcc's errors when the source does not compile.
+    """
+    nvcc = nvcc or shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists()
+                                             else None)
+    if nvcc is None:
+        raise ToolUnavailable("nvcc is not installed here: install the CUDA toolkit to compile and inspect CUDA code")
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        raise ToolUnavailable("cuobjdump is not installed here, so the SASS cannot be read: "
+                              "`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (or the full CUDA toolkit)")
+    with tempfile.TemporaryDirectory(prefix="facourse_sass_") as tmp:
+        src = Path(source) if not (isinstance(source, str) and "\n" in source) else None
+        if src is None:
+            src = Path(tmp) / "source.cu"
+            src.write_text(source)
+        elif not src.exists():
+            raise FileNotFoundError(f"no CUDA source at {src}")
+        dirs = [str(Path(d).resolve()) for d in include_dirs] or [str(src.resolve().parent)]
+        cubin = Path(tmp) / "out.cubin"
+        cmd = [nvcc, "-cubin", str(src), "-o", str(cubin), gencode_flag(arch), "-std=c++17", "-O3",
+               *[f"-I{d}" for d in dirs], *extra]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"nvcc did not finish in {timeout:.0f} s") from None
+        if r.returncode != 0:
+            errs = [ln for ln in (r.stderr + r.stdout).splitlines() if "error" in ln.lower()]
+            raise RuntimeError(f"nvcc failed for {arch}:\n" + "\n".join((errs or (r.stderr + r.stdout).splitlines())[:20]))
+        env = dict(os.environ)      # cuobjdump runs nvdisasm, which the pip wheels put next to it
+        tool_dir = str(Path(cuobjdump).parent)
+        env["PATH"] = tool_dir + os.pathsep + env.get("PATH", "")
+        if (Path(tool_dir) / "nvdisasm").is_file():
+            env.setdefault("NVDISASM_PATH", str(Path(tool_dir) / "nvdisasm"))
+        d = subprocess.run([cuobjdump, "--dump-sass", str(cubin)], capture_output=True, text=True,
+                           timeout=timeout, env=env)
+        if d.returncode != 0:
+            raise ToolUnavailable(f"cuobjdump could not read the cubin: {(d.stderr or d.stdout).strip()[:500]}")
+    return count_opcodes(d.stdout)
+
+
+def sass_summary(counts: collections.Counter) -> str:
+    """The opcodes of OPCODE_MEANING with their counts, one line each."""
+    rows = [f"  {op:10s} {counts.get(op, 0):6d}  {what}" for op, what in OPCODE_MEANING.items()]
+    return f"SASS: {sum(counts.values())} instructions; the ones that tell the design apart:\n" + "\n".join(rows)
+
+
+def check_sass(source, required: dict[str, str] | None = None, arch: str = "sm_90a", include_dirs=(),
+               verbose: bool = True) -> collections.Counter:
+    """Compile ``source`` and require every opcode of ``required`` (default :data:`HOPPER_OPCODES`)
+    in its SASS; raise :class:`SassCheckError` naming what is missing (and the Ampere-style
+    instructions found instead). Returns the counts; prints them when ``verbose``."""
+    required = HOPPER_OPCODES if required is None else required
+    counts = sass_opcodes(source, arch, include_dirs=include_dirs)
+    if verbose:
+        print(sass_summary(counts))
+    missing = [op for op in required if counts.get(op, 0) == 0]
+    if missing:
+        lines = [f"the compiled kernel has no {op} instruction: {required[op]}" for op in missing]
+        instead = [f"{op} x{counts[op]}" for op in ("HMMA", "LDSM", "LDGSTS") if counts.get(op)]
+        if instead:
+            lines.append("found instead: " + ", ".join(instead) + " (mma.sync, ldmatrix, cp.async: step 06's "
+                         "instructions, not Hopper's)")
+        raise SassCheckError("\n".join(lines))
+    if verbose:
+        print("found " + " and ".join(f"{op} x{counts[op]}" for op in required))
+    return counts

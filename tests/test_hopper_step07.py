@@ -1,0 +1,203 @@
+"""Step 07 (Hopper FlashAttention, sm_90a), CPU tier and GPU tier.
+
+CPU tier: nvcc compiles every ladder rung, the exercise solution and the stub for sm_90a with no
+spills; the SASS of the solution has HGMMA and UTMALDG, step 06's kernel and the stub have neither
+(the hidden structural check, facourse.cuda_build.check_sass, is the one function tested here); the
+stub is the one make_stub.py writes; the release ships the stub, the given headers and the binding,
+never the ladder or the solution; grading on a CPU gives the solution the structural check's points
+and the stub nothing, with the GPU cells at 0 and saying why.
+GPU tier (marked gpu, H100/H200 only): every rung and the solution on the five configurations and
+the edge cases, fp16 and bf16.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, release_notebook
+from autograder import cli, perf
+from facourse.cuda_build import (HOPPER_OPCODES, SassCheckError, check_sass, count_opcodes, find_cuobjdump,
+                                 nvcc_compile_check)
+
+ASSIGNMENT = "07_hopper_flash_attention"
+STEP = ROOT / "solutions" / ASSIGNMENT
+LADDER = STEP / "ladder"
+STEP06 = ROOT / "solutions" / "06_cuda_flash_attention"
+RELEASE = ROOT / "exercises" / ASSIGNMENT
+HAVE_NVCC = shutil.which("nvcc") is not None
+HAVE_SASS = HAVE_NVCC and find_cuobjdump() is not None
+needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc is not installed")
+needs_sass = pytest.mark.skipif(not HAVE_SASS, reason="nvcc or cuobjdump is not installed "
+                                "(pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+
+LADDER_FILES = sorted(p.name for p in LADDER.glob("v*.cu"))
+KERNELS = [LADDER / n for n in LADDER_FILES] + [LADDER / "student_kernel_solution.cu", STEP / "student_kernel.cu"]
+GPU_CELLS = {"test_small", "test_medium", "test_large", "test_noncausal", "test_asymmetric", "test_edge_ragged",
+             "test_edge_empty_rows", "test_edge_other", "test_bf16", "perf_large", "perf_long"}
+PERF_CELLS = {"perf_large", "perf_long"}
+
+
+# ============================================================================ nvcc, SASS
+@needs_nvcc
+def test_every_kernel_compiles_for_sm90a_without_spills():
+    """Rungs, solution and stub: all four instances (fp16/bf16 x D 64/128), 0 bytes spilled."""
+    def compile_one(path):
+        return path.name, nvcc_compile_check(path, "sm_90a", include_dirs=[LADDER, STEP], verbose=False)
+
+    assert len(LADDER_FILES) >= 4, LADDER_FILES
+    with ThreadPoolExecutor(4) as pool:
+        reports = dict(pool.map(compile_one, KERNELS))
+    for name, rep in reports.items():
+        assert rep.ok, f"{name}: {rep.summary()}"
+        assert len(rep.kernels) == 4 and all(k.registers > 0 for k in rep.kernels), f"{name}: {rep.log}"
+        assert rep.spills == 0 and "0 bytes spill stores, 0 bytes spill loads" in rep.log, f"{name}: {rep.summary()}"
+        assert " spill" not in rep.log.replace("0 bytes spill", ""), f"{name}: {rep.log}"
+
+
+def test_count_opcodes_reads_cuobjdump_lines():
+    sass = """
+        /*0230*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], RZ, !UPT ;   /* 0x00e0... */
+                                                                                     /* 0x000fe2... */
+        /*0240*/               @P0 UTMALDG.4D [UR8], [UR14] ;
+        /*0250*/              @!UP1 SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R2+URZ], R3 ;
+        /*0260*/                   HGMMA.64x128x16.F32 R24, gdesc[UR8], R24, gsb0 ;
+    """
+    assert count_opcodes(sass) == {"HGMMA": 2, "UTMALDG": 1, "SYNCS": 1}
+
+
+@needs_sass
+def test_structural_check_passes_hopper_and_fails_step06(capsys):
+    """The hidden structural check: HGMMA + UTMALDG in the solution's SASS; step 06's kernel (mma.sync,
+    cp.async) compiled for sm_90a and the untouched stub fail it, and the message names what is missing."""
+    counts = check_sass(LADDER / "student_kernel_solution.cu", include_dirs=[STEP])
+    assert all(counts[op] > 0 for op in HOPPER_OPCODES) and counts["SYNCS"] > 0
+    assert counts["HMMA"] == 0 and counts["LDGSTS"] == 0
+    assert "HGMMA" in capsys.readouterr().out
+    with pytest.raises(SassCheckError) as err:
+        check_sass(STEP06 / "ladder" / "student_kernel_solution.cu", include_dirs=[STEP06 / "ladder", STEP06])
+    msg = str(err.value)
+    assert "no HGMMA" in msg and "no UTMALDG" in msg and "HMMA x" in msg and "LDGSTS x" in msg, msg
+    with pytest.raises(SassCheckError, match="no HGMMA"):
+        check_sass(STEP / "student_kernel.cu", include_dirs=[STEP], verbose=False)
+
+
+# ============================================================================ stub, release
+def test_stub_is_generated_from_solution_and_in_sync():
+    r = subprocess.run([sys.executable, str(LADDER / "make_stub.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    stub, sol = (STEP / "student_kernel.cu").read_text(), (LADDER / "student_kernel_solution.cu").read_text()
+    assert "BEGIN SOLUTION" not in stub and "END SOLUTION" not in stub
+    assert stub.count("YOUR CODE HERE") == sol.count("BEGIN SOLUTION") == 4
+    for fn in ("producer", "gemm_qk", "gemm_pv", "consumer_mainloop"):
+        assert f" {fn}(" in stub, fn
+    for rung in LADDER_FILES:
+        assert '#include "student_kernel_solution.cu"' in (LADDER / rung).read_text(), rung
+
+
+def test_binding_is_step06s():
+    """The C ABI and the torch binding are step 06's: the copies that make the release standalone
+    must stay identical (cp solutions/06_cuda_flash_attention/fa_{params.h,binding.cpp} here)."""
+    for name in ("fa_params.h", "fa_binding.cpp"):
+        assert (STEP / name).read_bytes() == (STEP06 / name).read_bytes(), f"{name} differs from step 06's"
+
+
+def test_release_ships_stub_not_solution():
+    assert (RELEASE / "student_kernel.cu").read_text() == (STEP / "student_kernel.cu").read_text()
+    for name in ("hopper_primitives.cuh", "hopper_common.cuh", "hopper_harness.cuh", "fa_params.h", "fa_binding.cpp"):
+        assert (RELEASE / name).read_bytes() == (STEP / name).read_bytes(), f"{name} missing or stale in the release"
+    shipped = sorted(p.name for p in RELEASE.rglob("*"))
+    assert shipped == sorted(["07_hopper_flash_attention.ipynb", "student_kernel.cu", "hopper_primitives.cuh",
+                              "hopper_common.cuh", "hopper_harness.cuh", "fa_params.h", "fa_binding.cpp"]), shipped
+    for path in RELEASE.iterdir():
+        text = path.read_text()
+        assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text, path.name
+    assert "wgmma_ss_n128<T>(s, da, db" not in (RELEASE / "student_kernel.cu").read_text()
+
+
+def test_release_notebook_builds_the_student_file_for_sm90a():
+    nb = release_notebook(ASSIGNMENT)
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "def flash_attention_hopper(q, k, v, causal=False, scale=None)" in code
+    assert 'STUDENT_SOURCE, KERNEL_DIR / "fa_binding.cpp"' in code and 'arch="sm_90a"' in code
+    graded = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in nb["cells"]
+              if c["metadata"].get("nbgrader", {}).get("grade")}
+    assert graded.keys() == GPU_CELLS | {"test_structure"} and sum(graded.values()) == 15, graded
+
+
+def test_perf_cell_on_a_non_hopper_gpu_scores_zero_and_says_why(monkeypatch, capsys):
+    import facourse
+    monkeypatch.setattr(facourse, "has_gpu", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    assert perf.perf_points(lambda *a, **k: None, ASSIGNMENT, "large", 2, capability=(9, 0)) == 0.0
+    out = capsys.readouterr().out
+    assert "sm_90" in out and "sm_80" in out and '"status": "wrong GPU"' in out
+
+
+# ============================================================================ grading
+@pytest.mark.slow
+def test_exercise_grading(tmp_path):
+    """On a CPU: the solution kernel earns the structural check's 2 points (when nvcc and cuobjdump are
+    here) and nothing else; the stub earns 0. GPU cells score 0 and say why; the visible test and the
+    perf cells without an error; the compile-feedback cell reports the SASS; the student's .cu is the
+    one graded (autograde does not put the stub back over it)."""
+    release = release_notebook(ASSIGNMENT)
+    subs = tmp_path / "submitted"
+    for student, kernel in (("solved", LADDER / "student_kernel_solution.cu"), ("stub", STEP / "student_kernel.cu")):
+        d = subs / student / ASSIGNMENT
+        d.mkdir(parents=True)
+        (d / f"{ASSIGNMENT}.ipynb").write_text(json.dumps(release), encoding="utf-8")
+        shutil.copy(kernel, d / "student_kernel.cu")
+    results = {r.student: r for r in cli.autograde(subs, tmp_path / "ws", [ASSIGNMENT], quiet=True, jobs=2)}
+    sol, stub = results["solved"], results["stub"]
+    assert sol.status == "graded" and stub.status == "graded", (sol, stub)
+    assert sol.auto_max_score == stub.auto_max_score == 15
+    structure = 2 if HAVE_SASS else 0
+    assert sol.score == structure, (sol.score, sol.failed, sol.messages)
+    assert set(sol.failed) == GPU_CELLS | ({"test_structure"} if not HAVE_SASS else set()), sol.failed
+    assert stub.score == 0, (stub.score, stub.failed)
+    assert "test_structure" in stub.failed
+    if HAVE_SASS:
+        assert "SassCheckError" in stub.messages["test_structure"] and "HGMMA" in stub.messages["test_structure"]
+    if not torch.cuda.is_available():
+        # skipped with a sentence, no traceback: the visible test and the perf cells
+        assert not ((PERF_CELLS | {"test_small"}) & set(sol.messages)), sol.messages
+        assert "HardwareUnavailable" in sol.messages["test_large"]
+    nb = json.loads(next((tmp_path / "ws" / "autograded" / "solved" / ASSIGNMENT).glob("*.ipynb")).read_text())
+    out = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(
+        "".join(o.get("text", "")) for o in c.get("outputs", []) if o.get("output_type") == "stream")
+        for c in nb["cells"]}
+    if HAVE_NVCC:
+        assert "nvcc OK for sm_90a" in out["compile_check"], out["compile_check"]
+    if HAVE_SASS:
+        assert "HGMMA" in out["compile_check"] and "structural check will pass" in out["compile_check"]
+    if not torch.cuda.is_available():
+        assert "Skipped, 0 points on this machine" in out["test_small"]
+    # a graded cell's value is its partial credit: the structural check must not end with one
+    (cell,) = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_structure"]
+    assert not [o for o in cell["outputs"] if o["output_type"] == "execute_result"], cell["outputs"]
+
+
+# ============================================================================ GPU tier
+def _gpu_check():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_check07", LADDER / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [p.removesuffix(".cu") for p in LADDER_FILES])
+def test_gpu_correct_on_configs_and_edge_cases(version):
+    from facourse import check_all, has_sm90a
+    if not has_sm90a():
+        pytest.skip("step 07 runs on an H100/H200 (sm_90a) only")
+    check_all(_gpu_check().entry_point(version), dtypes=(torch.float16, torch.bfloat16), expect_lse=True)
