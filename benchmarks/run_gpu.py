@@ -8,7 +8,8 @@
 2. the solution against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends with
    facourse.bench_attention (the one shared bench) on the five configurations, "long", and a sweep
    of S = 512 ... 16k (D = 128, B*H*S = 16 * 16k, causal and not, fp16 and bf16);
-3. every ladder version on `large` (v1, which holds one tile, on 8x32/8 heads, 128^2);
+3. every ladder version on `large` and `long` (v1, which holds one tile, on 8x32/8 heads, 128^2),
+   the last two also on the causal 4k-16k sweep points (fp16);
 4. `pytest -m gpu tests/`.
 Writes DIR/step05.json (full numbers), DIR/pytest_gpu.log, and prints a short table last.
 """
@@ -118,8 +119,11 @@ def main():
                                           "error": f"{type(e).__name__}: {e}"[:2000]})
     save()
 
-    # 2. the solution against FA2 and cuDNN
+    # 2. the solution against FA2 and cuDNN (after a discarded warm-up: the first timings of a
+    #    fresh machine read 10-20 % slow while its clocks come up)
     print("== bench: five configs and long", flush=True)
+    for _ in range(3):
+        bench_row(sol, CONFIGS["large"], "fp16", "FLASH_ATTENTION", sol_name)
     for dt in dtypes:
         for cfg in [*CONFIGS.values(), LONG_CONFIG]:
             for backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
@@ -147,8 +151,12 @@ def main():
     # 3. the ladder
     print("== ladder", flush=True)
     short = AttnConfig("short", 8, 32, 8, 128, 128, 128, True)
+    causal_points = [sweep_config(S, True) for S in SWEEP[3:]]   # where v7's schedule acts
     for stem, mod in mods.items():
-        for cfg in ([short] if stem.startswith("v1") else [CONFIGS["large"], LONG_CONFIG]):
+        cfgs = [short] if stem.startswith("v1") else [CONFIGS["large"], LONG_CONFIG]
+        if stem in list(mods)[-2:]:                              # the solution and the rung before
+            cfgs += causal_points
+        for cfg in cfgs:
             try:
                 result["ladder"].append(bench_row(mod.flash_attention_triton, cfg, "fp16",
                                                   "FLASH_ATTENTION", stem))

@@ -52,6 +52,21 @@ def step05_ladder() -> str:
     return "\n".join(out)
 
 
+def step05_tiles() -> str:
+    """tile_sweep.py: t_FA2 / t_candidate for each tile candidate (columns) on each shape (rows)."""
+    d = _load("2026-11-22_h100_step05_tiles.json")
+    labels = [c["label"] for c in d["candidates"]]
+    keys = list(dict.fromkeys((r["config"], r["dtype"]) for r in d["rows"]))
+    out = ["| shape | dtype | FA2 TFLOP/s | " + " | ".join(labels) + " |", "|---|---|---|" + "---|" * len(labels)]
+    for name, dt in keys:
+        rows = {r["label"]: r for r in d["rows"] if r["config"] == name and r["dtype"] == dt}
+        fa = next((r["tflops_fa2"] for r in rows.values() if "tflops_fa2" in r), None)
+        cells = ["—" if lab not in rows else "error" if "error" in rows[lab] else _x(rows[lab]["ratio"])
+                 for lab in labels]
+        out.append(f"| {name} | {dt} | {fa:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 STEP06 = ["2026-11-22_h100_step06.json",        # v1-v4 and the exercise's solution
           "2026-11-22_h100_step06_run2.json",   # v5 (its v6 failed mqa/bf16: superseded by run 3)
           "2026-11-22_h100_step06_run3.json"]   # v6
@@ -119,7 +134,7 @@ def step07() -> str:
     return "\n".join(out)
 
 
-TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step06": step06, "step06_variants": step06_variants,
+TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step05_tiles": step05_tiles, "step06": step06, "step06_variants": step06_variants,
           "step07": step07}
 
 

@@ -121,11 +121,16 @@ def test_compiles_for_sm90_without_gpu():
         def compile_fn(fn, dtype="*fp16"):
             names = fn.arg_names
             const = dict(GROUP=4, D=128, CAUSAL=True, BLOCK_M=128, BLOCK_N=64)
+            # host-side tensor descriptors (v6): [1, 1, BLOCK, D] tiles of a 4-D [B, H, S, D] tensor
+            desc = lambda rows: "tensordesc<%s[1, 1, %d, 128]>" % (dtype[1:], rows)
             sig = {{n: ("constexpr" if n in const else dtype if n in "Q K V O".split() else
+                       desc(const["BLOCK_M"]) if n in ("q_desc", "o_desc") else
+                       desc(const["BLOCK_N"]) if n in ("k_desc", "v_desc") else
                        "*fp32" if n == "LSE" else "fp32" if n == "qk_scale" else "i32") for n in names}}
             # what the launcher specialises: pointers and strides divisible by 16
             attrs = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                     if sig[n] not in ("constexpr", "fp32") and n not in ("Hq", "Sq", "Skv")}}
+                     if sig[n] not in ("constexpr", "fp32") and not sig[n].startswith("tensordesc")
+                     and n not in ("Hq", "Sq", "Skv")}}
             src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
                                             constexprs={{(names.index(k),): v for k, v in const.items()}})
             k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
@@ -152,7 +157,7 @@ def test_compiles_for_sm90_without_gpu():
     got = json.loads(r.stdout.strip().splitlines()[-1])
     for name, info in got.items():
         assert info["cubin"] > 0 and info["wgmma"], (name, info)     # Hopper's tensor-core path
-    assert got["solution"]["tma"], got                              # v5 loads through TMA
+    assert got["solution"]["tma"], got                              # v5, v6 load through TMA
     assert got["exercise"]["cp_async"], got                         # pipelined pointer loads
 
 

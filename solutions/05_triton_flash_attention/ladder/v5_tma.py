@@ -1,7 +1,7 @@
-"""v5: tensor descriptors (TMA on Hopper) instead of pointer arithmetic; the solution.
+"""v5: tensor descriptors (TMA on Hopper) instead of pointer arithmetic, built inside the kernel.
 
-v5 verdict: the solution. 336 TFLOP/s on large (1.15x FA2, 0.70x cuDNN; 1.26x in the same run's ladder timing), 504 on long (1.52x FA2), 1.30-1.56x FA2 over the 4k-16k sweep (fp16), H100.
-Measured: benchmarks/results/2026-11-22_h100_step05.json (benchmarks/run_gpu.py).
+v5 verdict: no faster than v4 on large, 374 TFLOP/s (1.22x FA2; v4 1.24x), faster on long, 489 (1.44x; v4 1.32x), H100; v6 builds the descriptors on the host.
+Measured: benchmarks/results/2026-11-22_h100_step05.json (ladder section, benchmarks/run_gpu.py); earlier runs: _run1.._run3.
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton; v5 reads tiles through tensor descriptors (TMA). One
 program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j
