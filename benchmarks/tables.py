@@ -69,7 +69,8 @@ def step05_tiles() -> str:
 
 STEP06 = ["2026-11-22_h100_step06.json",        # v1-v4 and the exercise's solution
           "2026-11-22_h100_step06_run2.json",   # v5 (its v6 failed mqa/bf16: superseded by run 3)
-          "2026-11-22_h100_step06_run3.json"]   # v6
+          "2026-11-22_h100_step06_run3.json",   # v6 (24 B of spills at D = 128: superseded by run 4)
+          "2026-11-22_h100_step06_run4.json"]   # v6, spill-free
 
 
 def step06() -> str:

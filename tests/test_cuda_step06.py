@@ -4,8 +4,8 @@ CPU tier: (1) a lane-by-lane emulation of ldmatrix / mma.sync m16n8k16 / the XOR
 index expressions of the CUDA sources, checked against plain matmuls; (2) an emulation of the whole
 kernel (harness + solution device functions, same tiles, masks, online softmax and epilogue) checked
 against the float64 reference on ragged, causal, GQA and empty-row problems; (3) nvcc compiles of
-every ladder kernel, the exercise solution and the stub for sm_80 and sm_90 (no spills in the
-solution); (4) the make_stub round trip and the exercise's compile-feedback function.
+every ladder kernel, the exercise solution and the stub for sm_80 and sm_90 (no spills in any
+rung or the solution); (4) the make_stub round trip and the exercise's compile-feedback function.
 GPU tier (marked gpu): every kernel on the five configurations and the edge cases, fp16 and bf16.
 """
 from __future__ import annotations
@@ -312,11 +312,9 @@ def test_ladder_is_numbered_and_has_verdicts():
         assert "to be measured" not in text
 
 
-# v6 (4 warps x 32 rows x D = 128 of O in registers) sits at 255 registers: ptxas parks a few
-# loop-invariant values in local memory, stored before the main loop and reloaded in the masked
-# (diagonal) loop and the epilogue, none in the unmasked loop (read off the SASS): 20-24 B stored,
-# 28 B loaded per kernel on sm_80 and sm_90. Everything else, the exercise's solution first, spills nothing.
-SPILL_BYTES_ALLOWED = {"v6_fa2_tiles_lazy.cu": 64}
+# No rung spills, nor the exercise's solution. v6 (4 warps x 32 rows x D = 128 of O in registers)
+# sits at 255 registers: it holds no per-thread value through its loops that it can recompute
+# (v5_warp_specialized.cu: load_kv's per-thread pointers, Consumer::reload_addresses, row0_again).
 
 
 @needs_nvcc
@@ -326,8 +324,7 @@ def test_compiles_with_nvcc(name, arch):
     rep = nvcc_compile_check(LADDER / name, arch, include_dirs=[LADDER, STEP], verbose=False)
     assert rep.ok, rep.summary()
     assert rep.kernels and all(k.registers > 0 for k in rep.kernels), rep.log
-    if name == "student_kernel_solution.cu" or name.startswith(("v4", "v5", "v6")):
-        assert max(k.spills for k in rep.kernels) <= SPILL_BYTES_ALLOWED.get(name, 0), rep.summary()
+    assert max(k.spills for k in rep.kernels) == 0, rep.summary()
 
 
 def _load_make_stub():

@@ -76,6 +76,14 @@ struct Cfg {
   }
 };
 
+// threadIdx.x read again (S2R). What is derived from it cannot be hoisted out of a loop (asm volatile):
+// it is recomputed where it is used instead of held, or spilled, across the main loop (see Consumer).
+FA_DEVICE int tid_again() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
+
 FA_DEVICE float exp2_approx(float x) {  // MUFU.EX2 alone (exp2f adds a denormal fix-up around it)
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -208,38 +216,50 @@ FA_DEVICE void pv_tile(float (&o)[MT][D / 8][4], const float (&p)[MT][BN / 8][4]
 // ---- the copies: a ROWS x D tile, global -> swizzled shared, by NT threads --------------------------
 // Thread t always copies chunk t % (D/8) of rows t / (D/8) + i * (NT / (D/8)): the global address
 // advances by a constant, the swizzled shared offset repeats every 8 rows (no divisions in the loop).
-// Rows >= rows_valid are zero-filled without a global read (cp.async src-size 0).
-template <int ROWS, int D, int NT, bool FULL, typename T>
-FA_DEVICE void copy_tile_rows(uint32_t dst, const T* src, int64_t stride, int rows_valid, int t) {
+// Rows >= rows_valid are zero-filled without a global read (cp.async src-size 0; `any`: a valid
+// address to name instead). lane_src: thread t's first element of a tile at src (row t / (D/8),
+// chunk t % (D/8)). I: int, or unsigned where no sign words may enter the 64-bit address arithmetic.
+template <int D, typename T, typename I>
+FA_DEVICE const T* lane_src(const T* src, int64_t stride, I t) {
+  return src + (t / (D / 8)) * stride + (t % (D / 8)) * 8;
+}
+template <int ROWS, int D, int NT, bool FULL, typename T, typename I>
+FA_DEVICE void copy_tile_rows(uint32_t dst, const T* g, int64_t stride, int rows_valid, I t, const void* any) {
   constexpr int CPR = D / 8, RPI = NT / CPR, N = ROWS / RPI;
   static_assert(NT % CPR == 0 && ROWS % RPI == 0, "the tile must split evenly over the threads");
-  const int c = t % CPR, r0 = t / CPR;
-  const T* g = src + r0 * stride + c * 8;
+  const I c = t % CPR, r0 = t / CPR;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    const int row = r0 + i * RPI;
+    const int row = (int)r0 + i * RPI;
     const bool valid = FULL || row < rows_valid;
-    cp_async_16(dst + row * D * 2 + ((c ^ (row & 7)) << 4), valid ? g : src, valid);
+    cp_async_16(dst + row * D * 2 + ((c ^ (row & 7)) << 4), valid ? static_cast<const void*>(g) : any, valid);
     g += RPI * stride;
   }
 }
+// the tile whose element of thread t is g (= lane_src(tile, stride, t))
+template <int ROWS, int D, int NT, typename T, typename I>
+FA_DEVICE void copy_tile_at(uint32_t dst, const T* g, int64_t stride, int rows_valid, I t, const void* any) {
+  if (rows_valid >= ROWS) copy_tile_rows<ROWS, D, NT, true>(dst, g, stride, rows_valid, t, any);
+  else copy_tile_rows<ROWS, D, NT, false>(dst, g, stride, rows_valid, t, any);
+}
 template <int ROWS, int D, int NT, typename T>
 FA_DEVICE void copy_tile(uint32_t dst, const T* src, int64_t stride, int rows_valid, int t) {
-  if (rows_valid >= ROWS) copy_tile_rows<ROWS, D, NT, true>(dst, src, stride, rows_valid, t);
-  else copy_tile_rows<ROWS, D, NT, false>(dst, src, stride, rows_valid, t);
+  copy_tile_at<ROWS, D, NT>(dst, lane_src<D>(src, stride, t), stride, rows_valid, t, src);
 }
 
 // ---- the producer: one warp, every K and V tile ----------------------------------------------------
 // K_j, V_j -> stage j % STAGES by NT threads (thread t of NT); each thread arrives on full[stage]
-// once its own copies have landed (full[] expects NT arrivals).
+// once its own copies have landed (full[] expects NT arrivals). FA2-style loads: gK, gV are thread
+// t's elements of K_0, V_0 (lane_src): one 64-bit pointer each held through the loop, instead of
+// the head's K and V and the thread's 64-bit offsets.
 template <class C, typename T, int D, int NT>
-FA_DEVICE void load_kv(const FaParams& p, const T* K, const T* V, uint32_t sK, uint32_t sV, uint64_t* full_k,
-                       uint64_t* full_v, int j, int t) {
+FA_DEVICE void load_kv(const FaParams& p, const T* gK, const T* gV, uint32_t sK, uint32_t sV, uint64_t* full_k,
+                       uint64_t* full_v, int j, unsigned t) {
   constexpr int BN = C::BLOCK_N;
   const int s = j % C::STAGES, n0 = j * BN;
-  copy_tile<BN, D, NT>(sK + s * BN * D * 2, K + (int64_t)n0 * p.k_ss, p.k_ss, p.Skv - n0, t);
+  copy_tile_at<BN, D, NT>(sK + s * BN * D * 2, gK + (int64_t)n0 * p.k_ss, p.k_ss, p.Skv - n0, t, p.k);
   cp_async_mbar_arrive(full_k + s);
-  copy_tile<BN, D, NT>(sV + s * BN * D * 2, V + (int64_t)n0 * p.v_ss, p.v_ss, p.Skv - n0, t);
+  copy_tile_at<BN, D, NT>(sV + s * BN * D * 2, gV + (int64_t)n0 * p.v_ss, p.v_ss, p.Skv - n0, t, p.v);
   cp_async_mbar_arrive(full_v + s);
 }
 
@@ -267,7 +287,7 @@ struct Consumer {
   const FaParams& p;
   uint32_t sQw, sK, sV;                 // shared addresses: this warp's rows of Q_i, the K and V rings
   uint64_t *full_k, *full_v, *empty_k, *empty_v;
-  int lane, row0, diag;                 // row0: first query row of this warp
+  int lane, m0, row0, diag;             // m0, row0: first query row of the block, of this warp
   float scale_log2;
   LaneOffsets<D> off;
   uint32_t qf[QREG ? MT : 1][QREG ? D / 16 : 1][4];
@@ -291,6 +311,11 @@ struct Consumer {
           ldmatrix_x4(qf[mt][kk], off.at_a(sQw, mt, kk));
     }
   }
+  // The loop without overlap (v6's), at the top of each tile: the bases of the ldmatrix addresses
+  // become opaque (an empty asm), so each tile XORs its addresses from them (a LOP3 each) instead of
+  // the compiler hoisting all MT x D/16 of Q's, and K's lane offset, into registers held through the
+  // masked loop: with the mask's row indices (row0_again) that was 24 B of spills in v6 at D = 128.
+  FA_DEVICE void reload_addresses() { asm volatile("" : "+r"(sQw), "+r"(off.k0), "+r"(off.a0)); }
   FA_DEVICE void wait_k(int j) { mbar_wait(full_k + j % STAGES, (j / STAGES) & 1); __syncwarp(); }
   FA_DEVICE void wait_v(int j) { mbar_wait(full_v + j % STAGES, (j / STAGES) & 1); __syncwarp(); }
   // S = Q_i K_j^T
@@ -302,12 +327,14 @@ struct Consumer {
   FA_DEVICE void release_k(int j) {
     if constexpr (C::PRODUCER) mbar_arrive(empty_k + j % STAGES);
   }
-  // m_i, l_i, O_i *= alpha, S -> P (masked tiles: the ragged end and the causal diagonal)
+  // row0 again, from threadIdx.x read again: nothing held for it through the loop without overlap
+  FA_DEVICE int row0_again() const { return m0 + tid_again() / 32 * MT * 16; }
+  // m_i, l_i, O_i *= alpha, S -> P (masked tiles: the ragged end and the causal diagonal; w_row0: row0)
   template <bool MASKED>
-  FA_DEVICE void softmax(int j, float (&s)[MT][BN / 8][4]) {
+  FA_DEVICE void softmax(int j, float (&s)[MT][BN / 8][4], int w_row0) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      if constexpr (MASKED) apply_mask(s[mt], row0 + mt * 16 + lane / 4, j * BN, p.Skv, diag, p.causal, lane);
+      if constexpr (MASKED) apply_mask(s[mt], w_row0 + mt * 16 + lane / 4, j * BN, p.Skv, diag, p.causal, lane);
       softmax_update<BN / 8, D / 8, C::LAZY, T>(s[mt], m_i[mt], l_i[mt], o[mt], scale_log2);
     }
   }
@@ -358,14 +385,16 @@ __global__ void __launch_bounds__(C::NTHREADS, C::MINB) kernel(const FaParams p)
 
   const int q_row0 = warp * MT * 16;                       // this warp's rows within the block
   Consumer<C, T, D> c{p, smem_addr(sQ + q_row0 * D), smem_addr(sK), smem_addr(sV), full_k, full_v, empty_k, empty_v,
-                      lane, m0 + q_row0, diag, p.scale * FA_LOG2E, LaneOffsets<D>(lane)};
+                      lane, m0, m0 + q_row0, diag, p.scale * FA_LOG2E, LaneOffsets<D>(lane)};
   c.init();
   if (Tc > 0) {
     // Q_i: each warp copies its own MT x 16 rows (no CTA barrier needed)
     copy_tile<MT * 16, D, 32>(c.sQw, Q + (int64_t)q_row0 * p.q_ss, p.q_ss, p.Sq - m0 - q_row0, lane);
     cp_async_commit();
+    const T* gK = lane_src<D>(K, p.k_ss, (unsigned)tid);   // FA2-style loads only: this thread's K_0, V_0
+    const T* gV = lane_src<D>(V, p.v_ss, (unsigned)tid);
     if constexpr (!C::PRODUCER)                            // FA2-style: every thread loads the first stages
-      for (int j = 0; j < STAGES && j < Tc; ++j) load_kv<C, T, D, C::NTHREADS>(p, K, V, smem_addr(sK), smem_addr(sV), full_k, full_v, j, tid);
+      for (int j = 0; j < STAGES && j < Tc; ++j) load_kv<C, T, D, C::NTHREADS>(p, gK, gV, smem_addr(sK), smem_addr(sV), full_k, full_v, j, tid);
     cp_async_wait<0>();
     __syncwarp();
     c.load_q_regs();
@@ -379,7 +408,7 @@ __global__ void __launch_bounds__(C::NTHREADS, C::MINB) kernel(const FaParams p)
     auto refill = [&](int j) {
       if constexpr (!C::PRODUCER) {
         __syncthreads();
-        if (j >= 1 && j - 1 + STAGES < Tc) load_kv<C, T, D, C::NTHREADS>(p, K, V, smem_addr(sK), smem_addr(sV), full_k, full_v, j - 1 + STAGES, tid);
+        if (j >= 1 && j - 1 + STAGES < Tc) load_kv<C, T, D, C::NTHREADS>(p, gK, gV, smem_addr(sK), smem_addr(sV), full_k, full_v, j - 1 + STAGES, tid);
       }
     };
     if constexpr (C::OVERLAP) {
@@ -393,7 +422,7 @@ __global__ void __launch_bounds__(C::NTHREADS, C::MINB) kernel(const FaParams p)
       refill(j);                                                                                 \
       c.wait_k(j + 1);                                                                           \
       c.qk(j + 1, s_nxt);                       /* S_{j+1} = Q_i K_{j+1}^T   (tensor cores)   */ \
-      c.template softmax<MASKED>(j, s_cur);     /* P_j = exp2(S_j - m_i)     (FMA, MUFU)      */ \
+      c.template softmax<MASKED>(j, s_cur, c.row0); /* P_j = exp2(S_j - m_i) (FMA, MUFU)      */ \
       c.release_k(j + 1);                                                                        \
       c.wait_v(j);                                                                               \
       c.pv(j, s_cur);                           /* O_i += P_j V_j                             */ \
@@ -404,18 +433,19 @@ __global__ void __launch_bounds__(C::NTHREADS, C::MINB) kernel(const FaParams p)
       for (; j < Tc - 1; ++j) { V5_OVERLAP_STEP(true) }
 #undef V5_OVERLAP_STEP
       refill(j);
-      c.template softmax<true>(j, s_cur);
+      c.template softmax<true>(j, s_cur, c.row0);
       c.wait_v(j);
       c.pv(j, s_cur);
     } else {
       float s[MT][BN / 8][4];
       int j = 0;
 #define V5_STEP(MASKED)                      \
+      c.reload_addresses();                  \
       refill(j);                             \
       c.wait_k(j);                           \
       c.qk(j, s);                            \
       c.release_k(j);                        \
-      c.template softmax<MASKED>(j, s);      \
+      c.template softmax<MASKED>(j, s, c.row0_again()); \
       c.wait_v(j);                           \
       c.pv(j, s);
       for (; j < j_mask; ++j) { V5_STEP(false) }
