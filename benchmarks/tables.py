@@ -43,12 +43,50 @@ def step05() -> str:
     return "\n".join(out)
 
 
-def step05_ladder() -> str:
-    d = _load("2026-11-22_h100_step05.json")
+def step05_ladder(name: str = "2026-11-22_h100_step05.json", kernels=None) -> str:
+    d = _load(name)
     out = ["| version | config | TFLOP/s | vs SDPA FLASH_ATTENTION |", "|---|---|---|---|"]
     for r in d["ladder"]:
-        if "error" not in r:
+        if "error" not in r and (kernels is None or r["kernel"] in kernels):
             out.append(f"| {r['kernel']} | {r['name']} | {r['tflops_student']:.0f} | {_x(r['ratio'])} |")
+    return "\n".join(out)
+
+
+def step05_v7() -> str:
+    """Run 6: the removed v7 (longest first across heads) and v6, timed in the same run."""
+    return step05_ladder("2026-11-22_h100_step05_run6.json", ("v6_host_tma", "v7_longest_first"))
+
+
+def step05_bar() -> str:
+    """The issue's bar: the solution against FA2 (and cuDNN) on `large` and at the 4k-16k points."""
+    d = _load("2026-11-22_h100_step05.json")
+    out = ["| dtype | points | vs FA2 (min-max) | vs cuDNN (min-max) | >= 1.3x FA2 at every point |",
+           "|---|---|---|---|---|"]
+    for dt in dict.fromkeys(r["dtype"] for r in d["bench"]):
+        for label, pick in (("large", lambda r: r["name"] == "large"),
+                            ("4k-16k, causal", lambda r: r.get("S", 0) >= 4096 and r["causal"]),
+                            ("4k-16k, non-causal", lambda r: r.get("S", 0) >= 4096 and not r["causal"])):
+            rows = [r for r in d["bench"] + d["sweep"] if r["dtype"] == dt and "error" not in r and pick(r)]
+            fa = [r["ratio"] for r in rows if r["backend"] == "FLASH_ATTENTION"]
+            cu = [r["ratio"] for r in rows if r["backend"] == "CUDNN_ATTENTION"]
+            out.append(f"| {dt} | {label} ({len(fa)}) | {_x(min(fa))}-{_x(max(fa))} | {_x(min(cu))}-{_x(max(cu))} | "
+                       f"{'yes' if min(fa) >= 1.3 else 'no'} |")
+    return "\n".join(out)
+
+
+def timing_probe() -> str:
+    """benchmarks/timing_probe.py: the step-05 solution and FA2 timed without and with the spin."""
+    d = _load("2026-11-22_h100_timing_probe.json")
+    out = [f"| shape | dtype | enqueue ours ({d['solution']}, us) | enqueue FA2 (us) | L2 flush (us) | "
+           "t_FA2 / t_ours without the spin | with the spin |",
+           "|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((r["config"], r["dtype"]) for r in d["rows"]))
+    for name, dt in keys:
+        rs = [r for r in d["rows"] if (r["config"], r["dtype"]) == (name, dt)]
+        h = rs[0]["host_enqueue_us"]
+        without = ", ".join(_x(r["ratio"]) for r in rs if not r["hide_host"])
+        with_ = ", ".join(_x(r["ratio"]) for r in rs if r["hide_host"])
+        out.append(f"| {name} | {dt} | {h['ours']:.0f} | {h['FA2']:.0f} | {rs[0]['flush_us']:.0f} | {without} | {with_} |")
     return "\n".join(out)
 
 
@@ -135,7 +173,8 @@ def step07() -> str:
     return "\n".join(out)
 
 
-TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step05_tiles": step05_tiles, "step06": step06, "step06_variants": step06_variants,
+TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step05_tiles": step05_tiles, "step05_v7": step05_v7,
+          "step05_bar": step05_bar, "timing_probe": timing_probe, "step06": step06, "step06_variants": step06_variants,
           "step07": step07}
 
 

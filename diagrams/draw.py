@@ -505,9 +505,64 @@ def loop_order(out):
     return _save(fig, "loop_order", out)
 
 
+# --- 10. what the timer's window contains (step 05, drawn from the committed timing probe) ----
+def timer_window(out):
+    """Host and GPU timelines of one timed call, without and with a spin before the start event.
+
+    Durations come from benchmarks/results/2026-11-22_h100_timing_probe.json (`large`, fp16):
+    Python's enqueue time of the call, the L2 flush, and the kernel's GPU time with the spin.
+    """
+    import json
+
+    probe = os.path.join(HERE, "..", "benchmarks", "results", "2026-11-22_h100_timing_probe.json")
+    with open(probe) as f:
+        d = json.load(f)
+    row = next(r for r in d["rows"] if r["config"] == "large" and r["dtype"] == "fp16" and r["hide_host"])
+    enq, flush, kern = row["host_enqueue_us"]["ours"], row["flush_us"], row["ms"]["ours"] * 1000
+    spin = 2 * enq
+    fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), sharex=True)
+    for ax, hide in zip(axes, (False, True)):
+        y_host, y_gpu, h = 1.15, 0.2, 0.55
+        t_call = 8.0 if not hide else 14.0            # Python reaches the call after queuing flush (+ spin)
+        _box(ax, 0, y_host, 6, h, "", C["grey"], style="square,pad=0")
+        if hide:
+            _box(ax, 7, y_host, 5, h, "", C["grey"], style="square,pad=0")
+        _box(ax, t_call, y_host, enq, h, f"enqueue the call\n{enq:.0f} us", C["l2"], fs=8,
+             style="square,pad=0")
+        _box(ax, 0, y_gpu, flush, h, f"L2 flush\n{flush:.0f} us", C["smem"], fs=8.5, style="square,pad=0")
+        t = flush
+        if hide:
+            _box(ax, t, y_gpu, spin, h, f"spin ({spin:.0f} us)", C["skip"], fs=8.5, style="square,pad=0")
+            t += spin
+        start = t
+        k0 = max(t, t_call + enq)                   # the kernel runs once it is queued and the GPU is free
+        if k0 > t:
+            _box(ax, t, y_gpu, k0 - t, h, "idle:\ntimed", "#f2dede", fs=8, style="square,pad=0")
+        _box(ax, k0, y_gpu, kern, h, f"attention kernel ({kern:.0f} us)", C["full"], fs=9, tc="white",
+             style="square,pad=0")
+        end = k0 + kern
+        for x, lab in ((start, "start event"), (end, "end event")):
+            ax.plot([x, x], [y_gpu - 0.12, y_gpu + h + 0.12], color=C["hbm"], lw=2)
+            ax.text(x, y_gpu - 0.2, lab, ha="center", va="top", fontsize=8, color=C["hbm"])
+        ax.annotate("", (end, y_gpu + h + 0.22), (start, y_gpu + h + 0.22),
+                    arrowprops=dict(arrowstyle="<->", color=C["hbm"], lw=1.2))
+        ax.text((start + end) / 2, y_gpu + h + 0.26, f"timed: {end - start:.0f} us", ha="center", va="bottom",
+                fontsize=8.5, color=C["hbm"])
+        ax.set_yticks([y_gpu + h / 2, y_host + h / 2], ["GPU", "host (Python)"])
+        ax.set_ylim(-0.35, 2.0)
+        ax.set_title("the flush alone before the start event: the GPU waits for Python inside the window"
+                     if not hide else "flush, then a spin longer than the enqueue: the window holds the kernel only",
+                     fontsize=10)
+        for side in ("top", "right", "left"):
+            ax.spines[side].set_visible(False)
+    axes[1].set_xlabel("microseconds (H100, `large`, fp16: enqueue, flush and kernel times from the timing probe)")
+    fig.tight_layout()
+    return _save(fig, "timer_window", out)
+
+
 FIGURES = {f.__name__: f for f in (memory_hierarchy, roofline, tiling_grid, online_softmax_update,
                                      triton_program_id, causal_tiles, gqa_heads, hbm_trips_vanilla,
-                                     loop_order)}
+                                     loop_order, timer_window)}
 # Step 06's fragment layouts live beside their index functions (which the tests also use).
 sys.path.insert(0, HERE)
 from fragments import FIGURES as _FRAGMENT_FIGURES  # noqa: E402

@@ -3,10 +3,21 @@
 Student and reference run in the same process on the same inputs, in interleaved A/B rounds,
 timed with CUDA events, with L2 flushed before every call, after a warm-up; each side reports
 the median of at least 20 calls. TFLOP/s counts 4·B·Hq·D·(visible query-key pairs).
+
+The events time the GPU's work, not Python's. Before each call the GPU is kept busy (the L2
+flush, then a spin kernel) for longer than the host takes to enqueue the call, so the call's
+kernels are already queued when the start event fires. Without the spin, a wrapper whose host
+side outlasts the flush left the GPU idle inside the timed window, and that idle time counted
+as the kernel's: on an H100 (benchmarks/results/2026-11-22_h100_timing_probe.json) the step-05
+Triton wrapper took 145-219 us to enqueue against a 94-107 us flush, and its ratio to FA2 read
+1.18-1.40x without the spin, 1.43-1.48x with it (the same kernels, the same inputs). The host
+time per call is reported separately (``host_student_us``, ``host_ref_us``).
 """
 from __future__ import annotations
 
+import functools
 import statistics
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -29,6 +40,8 @@ class BenchResult:
     tflops_student: float
     tflops_ref: float
     ratio: float  # t_ref / t_student: > 1 means faster than the reference
+    host_student_us: float = float("nan")  # median time Python took to enqueue one call
+    host_ref_us: float = float("nan")
 
     def summary(self) -> str:
         return (f"{self.config} on {self.gpu}, {self.dtype}: student {self.tflops_student:.0f} TFLOP/s "
@@ -86,6 +99,63 @@ def sdpa_reference(backend: str = "FLASH_ATTENTION"):
     return fn, used
 
 
+@functools.lru_cache(maxsize=None)
+def _spin_cycles_per_us(device_index: int) -> float:
+    """Clock cycles of ``torch.cuda._sleep`` per microsecond, measured once per GPU."""
+    cycles = 1 << 21
+    torch.cuda._sleep(1000)                                   # load the kernel first
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    b.synchronize()
+    return cycles / (a.elapsed_time(b) * 1000.0)
+
+
+def time_calls(calls: dict, rounds: int, flush: torch.Tensor, warmup: int = 5,
+               hide_host: bool = True) -> tuple[dict, dict]:
+    """GPU milliseconds and host microseconds of each call in ``calls`` (name -> no-argument callable).
+
+    Every round calls each once, in an order that rotates from round to round (A/B, B/A for
+    two), with L2 flushed and the GPU kept busy before each (see the module's docstring;
+    ``hide_host=False`` drops the spin, to show what it changes: benchmarks/timing_probe.py).
+    Returns ``(gpu_ms, host_us)``: for each name, the list of its ``rounds`` times.
+    """
+    names = list(calls)
+    host_max = 0.0
+    for w in range(warmup):
+        for name in names:
+            t0 = time.perf_counter()
+            calls[name]()
+            if w > 0:                                          # the first call may compile
+                host_max = max(host_max, (time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+    # spin for twice the slowest enqueue seen, at least 200 us, at most 20 ms
+    spin_us = min(max(200.0, 2.0 * host_max), 20_000.0)
+    spin = int(spin_us * _spin_cycles_per_us(torch.cuda.current_device()))
+    gpu = {name: [] for name in names}
+    host = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            flush.zero_()
+            if hide_host:
+                torch.cuda._sleep(spin)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            calls[name]()
+            host[name].append((time.perf_counter() - t0) * 1e6)
+            end.record()
+            end.synchronize()
+            gpu[name].append(start.elapsed_time(end))
+    return gpu, host
+
+
+def new_flush_buffer() -> torch.Tensor:
+    """A buffer larger than the L2 of any GPU we meet; ``.zero_()`` on it evicts the inputs."""
+    return torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+
+
 def bench_attention(fn, config: str | AttnConfig = "large", *, backend: str = "FLASH_ATTENTION",
                     dtype=torch.float16, rounds: int = 25, warmup: int = 5, seed: int = 0,
                     layout: str = "bhsd") -> BenchResult:
@@ -94,26 +164,10 @@ def bench_attention(fn, config: str | AttnConfig = "large", *, backend: str = "F
     cfg = config if isinstance(config, AttnConfig) else get_config(config, "cuda")
     q, k, v = make_inputs(cfg, seed, "cuda", dtype, layout)
     ref, _ = sdpa_reference(backend)
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")  # > L2 of any GPU we meet
-
-    def call(f):
-        return f(q, k, v, causal=cfg.causal)
-
-    for _ in range(warmup):
-        call(fn), call(ref)
-    torch.cuda.synchronize()
-    times = {"s": [], "r": []}
-    for r in range(max(rounds, 20)):
-        order = (("s", fn), ("r", ref)) if r % 2 == 0 else (("r", ref), ("s", fn))
-        for key, f in order:
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call(f)
-            end.record()
-            end.synchronize()
-            times[key].append(start.elapsed_time(end))
-    ts, tr = statistics.median(times["s"]), statistics.median(times["r"])
+    calls = {"s": lambda: fn(q, k, v, causal=cfg.causal), "r": lambda: ref(q, k, v, causal=cfg.causal)}
+    gpu, host = time_calls(calls, max(rounds, 20), new_flush_buffer(), warmup)
+    ts, tr = statistics.median(gpu["s"]), statistics.median(gpu["r"])
     flops = cfg.flops()
     return BenchResult(cfg.describe(), gpu_name(), str(dtype).replace("torch.", ""), ref.last_backend, ts, tr,
-                       flops / ts / 1e9, flops / tr / 1e9, tr / ts)
+                       flops / ts / 1e9, flops / tr / 1e9, tr / ts,
+                       statistics.median(host["s"]), statistics.median(host["r"]))

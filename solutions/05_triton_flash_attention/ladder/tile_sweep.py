@@ -7,8 +7,9 @@ for comparison v4 (pointers) and v5 (descriptors built in the kernel) with one f
 config. Shapes: `large` and the 4k-16k sweep points of benchmarks/run_gpu.py (D = 128, H = 16,
 causal and not), fp16 and bf16. Each shape draws its inputs once; every round times SDPA's
 FLASH_ATTENTION and each candidate once, in an order that rotates from round to round, with L2
-flushed before every call and CUDA events around it (facourse.bench_attention's method, with
-several candidates per round so the inputs are drawn once). Each output is compared with FA2's.
+flushed and the GPU kept busy before every call, CUDA events around it (facourse.bench.time_calls,
+the method of facourse.bench_attention, with several candidates per round so the inputs are drawn
+once). Each output is compared with FA2's.
 Writes DIR/step05_tiles.json and prints a table last (ratio = t_FA2 / t_candidate).
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 import triton  # noqa: E402
 
 from facourse import AttnConfig  # noqa: E402
-from facourse.bench import sdpa_reference  # noqa: E402
+from facourse.bench import new_flush_buffer, sdpa_reference, time_calls  # noqa: E402
 from facourse.configs import CONFIGS, make_inputs  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -96,22 +97,6 @@ def make_fn(stem: str, tiles):
     return mod.flash_attention_triton
 
 
-def time_round_robin(fns: dict, q, k, v, causal, rounds: int, flush) -> dict:
-    times = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[name](q, k, v, causal=causal)
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
@@ -129,7 +114,7 @@ def main():
               "candidates": [{"label": c[0], "file": c[1], "tiles": c[2]} for c in CANDIDATES], "rows": []}
     ref, _ = sdpa_reference("FLASH_ATTENTION")
     fns = {label: make_fn(stem, tiles) for label, stem, tiles, _ in CANDIDATES}
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    flush = new_flush_buffer()
     for dt in args.dtypes.split(","):
         for cfg in SHAPES:
             t0 = time.time()
@@ -154,11 +139,8 @@ def main():
                     row["error"] = f"{type(e).__name__}: {e}"[:500]
                     print(label, cfg.name, dt, row["error"], flush=True)
                 result["rows"].append(row)
-            for _ in range(3):                                        # warm-up
-                for f in group.values():
-                    f(q, k, v, causal=cfg.causal)
-            torch.cuda.synchronize()
-            med = time_round_robin(group, q, k, v, cfg.causal, args.rounds, flush)
+            calls = {label: (lambda f=f: f(q, k, v, causal=cfg.causal)) for label, f in group.items()}
+            med = {label: statistics.median(t) for label, t in time_calls(calls, args.rounds, flush, warmup=3)[0].items()}
             flops = cfg.flops()
             for row in result["rows"]:
                 if row["config"] == cfg.name and row["dtype"] == dt and "error" not in row and "ms" not in row:

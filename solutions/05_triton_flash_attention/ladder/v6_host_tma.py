@@ -1,7 +1,7 @@
-"""v6: host-side tensor descriptors (TMA) and a tile table measured per shape class.
+"""v6: host-side tensor descriptors (TMA) and a tile table measured per shape class; the solution.
 
-v6 verdict: 429 TFLOP/s on large (1.39x FA2), 576 on long (1.65x), causal 4k/8k/16k 1.27x/1.54x/1.71x FA2 (fp16, H100, run 4: results/2026-11-22_h100_step05_run4.json).
-Measured: benchmarks/results/2026-11-22_h100_step05.json (ladder section); tile table: 2026-11-22_h100_step05_tiles.json (tile_sweep.py).
+v6 verdict: 453 TFLOP/s on large (1.47x FA2, 0.84x cuDNN), 602 on long (1.65x); 4k-16k 1.51-1.73x FA2, fp16 and bf16, causal and not (H100, run 7).
+Measured: benchmarks/results/2026-11-22_h100_step05.json (benchmarks/run_gpu.py); tile table: 2026-11-22_h100_step05_tiles.json (tile_sweep.py).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton. One program computes one query tile
 Q_i (BLOCK_M rows) of one query head against every K_j, V_j tile it can see. Causal attention runs
@@ -14,15 +14,16 @@ program wrote them to global memory and fenced before its first load. Here they 
 the host and passed as kernel arguments, one 4-D descriptor per tensor ([B, H, S, D] with the
 tensor's own strides: a tile never reads past its own head's S rows, the TMA unit fills those rows
 with zeros and clips the store). With the same 64 x 64 tiles (4 warps, 2 stages) that alone
-measured 1.25x FA2 on `large` against v5's 1.10x (fp16; bf16 1.15x against 1.03x). The tile
-sizes come from a table measured by tile_sweep.py instead of the autotuner, whose pick changed
-from run to run. On Hopper, Triton 3.6 waits for each Q K^T wgmma before the softmax starts (its
-automatic warp specialisation does not split this loop on sm_90), so the tensor cores idle during
-the softmax unless another warpgroup on the SM has a product to issue. The winners: on causal
-shapes up to 2k, 128 x 64 tiles with 8 warps, 2 stages and a cap of 128 registers, which lets two
-programs (four warpgroups) share an SM (1.48x FA2 on `large` in the sweep, against 1.35x with 3
-stages and one program per SM); from 4k causal the same tiles with 3 stages; non-causal, 128 x 128
-with 3 stages (1.54-1.72x, against 1.20-1.37x with 2).
+measured 1.26x FA2 on `large` against v5's 1.09x (fp16 and bf16 alike). The tile sizes come from
+a table measured by tile_sweep.py instead of the autotuner, whose pick changed from run to run.
+On Hopper, Triton 3.6 waits for each Q K^T wgmma before the softmax starts (its automatic warp
+specialisation does not split this loop on sm_90), so the tensor cores idle during the softmax
+unless another warpgroup on the SM has a product to issue. The winners: on causal shapes up to
+2k, 128 x 64 tiles with 8 warps, 2 stages and a cap of 128 registers, which lets two programs
+(four warpgroups) share an SM (1.47x FA2 on `large` in the sweep, against 1.34x with 3 stages and
+one program per SM); from 4k causal the same tiles with 3 stages (1.51-1.72x, against 1.46-1.56x
+with two programs per SM); non-causal, 128 x 128 with 3 stages (1.62-1.75x, against 1.31-1.39x
+with 2).
 
 Run on its own:  python v6_host_tma.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
