@@ -102,7 +102,7 @@ def perf_points(fn, step: str, config: str = "large", points: float = 2, dtype=N
         cap = torch.cuda.get_device_capability()
         print(f"This kernel is built for sm_{capability[0]}{capability[1]} and this GPU "
               f"({torch.cuda.get_device_name()}) is sm_{cap[0]}{cap[1]}: performance ({config}) is graded "
-              "on an H100/H200; this cell scores 0.")
+              f"on an sm_{capability[0]}{capability[1]} GPU; this cell scores 0.")
         emit({**rec, "status": "wrong GPU", "env": environment()})
         return 0.0
     t = thresholds(step)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import sys
@@ -13,6 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `autograder` is a folder of the repo, not an installed package
 
 from autograder import cli  # noqa: E402
+
+
+def load_module(path: Path, name: str | None = None):
+    """The Python file at ``path`` as a fresh module (ladder files and scripts are not packages)."""
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def release_notebook(assignment: str) -> dict:

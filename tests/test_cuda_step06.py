@@ -10,9 +10,7 @@ GPU tier (marked gpu): every kernel on the five configurations and the edge case
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import shutil
 import sys
 from pathlib import Path
 
@@ -26,10 +24,12 @@ LADDER = STEP / "ladder"
 sys.path.insert(0, str(ROOT / "diagrams"))
 import fragments as fr  # noqa: E402
 
+from conftest import load_module  # noqa: E402
 from facourse import reference_attention  # noqa: E402
 from facourse.cuda_build import nvcc_compile_check, parse_ptxas  # noqa: E402
+from facourse.hw import has_nvcc  # noqa: E402
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+needs_nvcc = pytest.mark.skipif(not has_nvcc(), reason="nvcc is not installed")
 
 
 # ============================================================================ warp emulation
@@ -327,22 +327,17 @@ def test_compiles_with_nvcc(name, arch):
     assert max(k.spills for k in rep.kernels) == 0, rep.summary()
 
 
-def _load_make_stub():
-    spec = importlib.util.spec_from_file_location("make_stub", LADDER / "make_stub.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_stub_is_generated_from_solution_and_in_sync():
-    ms = _load_make_stub()
+    from autograder.cuda_stub import make_stub
+
+    bodies = load_module(LADDER / "make_stub.py").STUB_BODIES
     sol = (LADDER / "student_kernel_solution.cu").read_text()
-    stub = ms.make_stub(sol)
+    stub = make_stub(sol, bodies)
     assert "BEGIN SOLUTION" not in stub and "END SOLUTION" not in stub
     assert stub.count("YOUR CODE HERE") == sol.count("BEGIN SOLUTION") == 4
     assert (STEP / "student_kernel.cu").read_text() == stub, "run solutions/06_cuda_flash_attention/ladder/make_stub.py"
     with pytest.raises(ValueError):
-        ms.make_stub("// BEGIN SOLUTION\nint x;\n")
+        make_stub("// BEGIN SOLUTION\nint x;\n", bodies)
 
 
 @needs_nvcc
@@ -379,19 +374,12 @@ def test_parse_ptxas_formats():
 
 
 # ============================================================================ GPU tier
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", LADDER / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", [p.removesuffix(".cu") for p in LADDER_FILES] + ["solution"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_correct_on_configs_and_edge_cases(version, dtype):
     from facourse import CONFIGS, EDGE_CASES, check_entry_point
-    gc = _gpu_check()
+    gc = load_module(LADDER / "gpu_check.py")
     fn = gc.entry_point(version)
     for name in list(CONFIGS) + list(EDGE_CASES):
         check_entry_point(fn, name, device="cuda", dtype=getattr(torch, dtype), expect_lse=True)

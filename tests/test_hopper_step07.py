@@ -16,22 +16,22 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, release_notebook
+from conftest import ROOT, load_module, release_notebook
 from autograder import cli, perf
 from facourse.cuda_build import (HOPPER_OPCODES, SassCheckError, check_sass, count_opcodes, find_cuobjdump,
                                  nvcc_compile_check)
+from facourse.hw import has_nvcc
 
 ASSIGNMENT = "07_hopper_flash_attention"
 STEP = ROOT / "solutions" / ASSIGNMENT
 LADDER = STEP / "ladder"
 STEP06 = ROOT / "solutions" / "06_cuda_flash_attention"
 RELEASE = ROOT / "exercises" / ASSIGNMENT
-HAVE_NVCC = shutil.which("nvcc") is not None
+HAVE_NVCC = has_nvcc()
 HAVE_SASS = HAVE_NVCC and find_cuobjdump() is not None
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc is not installed")
 needs_sass = pytest.mark.skipif(not HAVE_SASS, reason="nvcc or cuobjdump is not installed "
@@ -186,18 +186,11 @@ def test_exercise_grading(tmp_path):
 
 
 # ============================================================================ GPU tier
-def _gpu_check():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("gpu_check07", LADDER / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", [p.removesuffix(".cu") for p in LADDER_FILES])
 def test_gpu_correct_on_configs_and_edge_cases(version):
     from facourse import check_all, has_sm90a
     if not has_sm90a():
         pytest.skip("step 07 runs on an H100/H200 (sm_90a) only")
-    check_all(_gpu_check().entry_point(version), dtypes=(torch.float16, torch.bfloat16), expect_lse=True)
+    gpu_check = load_module(LADDER / "gpu_check.py", "gpu_check07")
+    check_all(gpu_check.entry_point(version), dtypes=(torch.float16, torch.bfloat16), expect_lse=True)

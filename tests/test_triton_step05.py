@@ -9,7 +9,6 @@ exercise's solution, 0 for a correct but naive kernel.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, fill, grade_submissions, release_notebook, solution_code
+from conftest import ROOT, fill, grade_submissions, load_module, release_notebook, solution_code
 
 STEP = "05_triton_flash_attention"
 LADDER = ROOT / "solutions" / STEP / "ladder"
@@ -38,13 +37,6 @@ def _python(code: str, interpret: bool, timeout: float = 600) -> subprocess.Comp
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _exercise_module(tmp_path: Path):
     """The exercise's solution (setup, kernel and wrapper cells) as an importable module."""
     nb = json.loads((ROOT / "solutions" / STEP / f"{STEP}.ipynb").read_text())
@@ -56,7 +48,7 @@ def _exercise_module(tmp_path: Path):
             parts.append("\n".join(ln for ln in src.splitlines() if "### " not in ln))
     path = tmp_path / "ex05_solution.py"
     path.write_text("\n\n".join(parts) + "\n")
-    return _load(path, "ex05_solution")
+    return load_module(path, "ex05_solution")
 
 
 # ----------------------------------------------------------------------------- CPU tier
@@ -167,7 +159,7 @@ def test_compiles_for_sm90_without_gpu():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_full_size(dtype):
     from facourse import check_entry_point
-    sol = _load(SOLUTION, "sol_gpu")
+    sol = load_module(SOLUTION, "sol_gpu")
     for name in NAMES:
         check_entry_point(sol.flash_attention_triton, name, dtype=dtype, expect_lse=True, verbose=False)
 
@@ -183,7 +175,7 @@ def test_gpu_perf_cells(tmp_path):
     assert perf_points(ex.flash_attention_triton, STEP, "large", points=2) == 2
     assert perf_points(ex.flash_attention_triton, STEP, "long", points=2) == 2
     # correct but naive: 16 x 16 tiles, one warp, every key tile visited (masked) even when causal
-    naive = _load(LADDER / "v2_online_softmax.py", "naive_v2")
+    naive = load_module(LADDER / "v2_online_softmax.py", "naive_v2")
     naive.CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16}
     naive.LAUNCH = {"num_warps": 1, "num_stages": 1}
     check_entry_point(naive.flash_attention_triton, "medium", expect_lse=True, verbose=False)

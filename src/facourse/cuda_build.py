@@ -172,19 +172,31 @@ def parse_ptxas(log: str) -> list[KernelResources]:
     return list(kernels.values())
 
 
+def _find_nvcc(nvcc: str | None = None) -> str | None:
+    """``nvcc`` if given, else the one on PATH, else the toolkit's default place; None when absent."""
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return nvcc or shutil.which("nvcc") or (str(default) if default.exists() else None)
+
+
+def _source_file(source, tmp: str, include_dirs) -> tuple[Path, list[str]]:
+    """``source`` (a .cu path, or CUDA source text written into ``tmp``) as a file, and the -I folders
+    (``include_dirs``, or the source's own folder)."""
+    src = Path(source) if not (isinstance(source, str) and "\n" in source) else None
+    if src is None:
+        src = Path(tmp) / "source.cu"
+        src.write_text(source)
+    elif not src.exists():
+        raise FileNotFoundError(f"no CUDA source at {src}")
+    return src, [str(Path(d).resolve()) for d in include_dirs] or [str(src.resolve().parent)]
+
+
 def nvcc_compile_check(source, arch: str = "sm_80", extra=(), include_dirs=(), nvcc: str | None = None,
                        timeout: float = 300, verbose: bool = True) -> CompileReport:
     """Compile ``source`` (a path to a .cu file, or CUDA source text) to an object file for ``arch``
     with ``-Xptxas -v``; return (and print, when ``verbose``) errors, registers, spills, smem."""
-    nvcc = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    nvcc = _find_nvcc(nvcc) or "nvcc"
     with tempfile.TemporaryDirectory(prefix="facourse_nvcc_") as tmp:
-        src = Path(source) if not (isinstance(source, str) and "\n" in source) else None
-        if src is None:
-            src = Path(tmp) / "source.cu"
-            src.write_text(source)
-        elif not src.exists():
-            raise FileNotFoundError(f"no CUDA source at {src}")
-        dirs = [str(Path(d).resolve()) for d in include_dirs] or [str(src.resolve().parent)]
+        src, dirs = _source_file(source, tmp, include_dirs)
         cmd = [nvcc, "-c", str(src), "-o", str(Path(tmp) / "out.o"), gencode_flag(arch), "-std=c++17", "-O3",
                "-Xptxas", "-v", *[f"-I{d}" for d in dirs], *extra]
         try:
@@ -275,8 +287,7 @@ def sass_opcodes(source, arch: str = "sm_90a", include_dirs=(), extra=(), nvcc: 
     Raises :class:`ToolUnavailable` without nvcc or cuobjdump (``pip install nvidia-cuda-cuobjdump
     nvidia-cuda-nvdisasm``), and ``RuntimeError`` with nvcc's errors when the source does not compile.
     """
-    nvcc = nvcc or shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists()
-                                             else None)
+    nvcc = _find_nvcc(nvcc)
     if nvcc is None:
         raise ToolUnavailable("nvcc is not installed here: install the CUDA toolkit to compile and inspect CUDA code")
     cuobjdump = find_cuobjdump()
@@ -284,13 +295,7 @@ def sass_opcodes(source, arch: str = "sm_90a", include_dirs=(), extra=(), nvcc: 
         raise ToolUnavailable("cuobjdump is not installed here, so the SASS cannot be read: "
                               "`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (or the full CUDA toolkit)")
     with tempfile.TemporaryDirectory(prefix="facourse_sass_") as tmp:
-        src = Path(source) if not (isinstance(source, str) and "\n" in source) else None
-        if src is None:
-            src = Path(tmp) / "source.cu"
-            src.write_text(source)
-        elif not src.exists():
-            raise FileNotFoundError(f"no CUDA source at {src}")
-        dirs = [str(Path(d).resolve()) for d in include_dirs] or [str(src.resolve().parent)]
+        src, dirs = _source_file(source, tmp, include_dirs)
         cubin = Path(tmp) / "out.cubin"
         cmd = [nvcc, "-cubin", str(src), "-o", str(cubin), gencode_flag(arch), "-std=c++17", "-O3",
                *[f"-I{d}" for d in dirs], *extra]

@@ -15,8 +15,6 @@ Writes DIR/step05_tiles.json and prints a table last (ratio = t_FA2 / t_candidat
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
 import json
 import os
 import statistics
@@ -30,13 +28,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-import triton  # noqa: E402
-
-from facourse import AttnConfig  # noqa: E402
+from benchmarks.run_gpu import DTYPES, env_info, load, sweep_config  # noqa: E402
 from facourse.bench import new_flush_buffer, sdpa_reference, time_calls  # noqa: E402
 from facourse.configs import CONFIGS, make_inputs  # noqa: E402
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 # (label, ladder file, tiles (BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg), shapes or None = all)
 BASELINE_SHAPES = ["large", "sweep_4096_causal", "sweep_8192_noncausal"]
@@ -56,21 +50,7 @@ CANDIDATES = [
 ]
 
 
-def sweep_config(S: int, causal: bool) -> AttnConfig:   # as benchmarks/run_gpu.py
-    H = 16
-    B = max(1, 16 * 16384 // (S * H))
-    return AttnConfig(f"sweep_{S}_{'causal' if causal else 'noncausal'}", B, H, H, S, S, 128, causal)
-
-
 SHAPES = [CONFIGS["large"]] + [sweep_config(S, c) for c in (True, False) for S in (4096, 8192, 16384)]
-
-
-def load(stem: str):
-    path = HERE / f"{stem}.py"
-    spec = importlib.util.spec_from_file_location(stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class _Fixed:
@@ -89,7 +69,7 @@ class _Fixed:
 
 
 def make_fn(stem: str, tiles):
-    mod = load(stem)              # a fresh module per candidate: its own forced tiles
+    mod = load(HERE / f"{stem}.py")  # a fresh module per candidate: its own forced tiles
     if hasattr(mod, "FORCE_TILES"):
         mod.FORCE_TILES = tiles
     else:
@@ -105,10 +85,7 @@ def main():
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-           "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-           "cudnn": torch.backends.cudnn.version(), "capability": list(torch.cuda.get_device_capability()),
-           "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
+    env = env_info()
     print(json.dumps(env), flush=True)
     result = {"env": env, "reference": "FLASH_ATTENTION", "rounds": args.rounds,
               "candidates": [{"label": c[0], "file": c[1], "tiles": c[2]} for c in CANDIDATES], "rows": []}

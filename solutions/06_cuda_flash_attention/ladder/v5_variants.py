@@ -9,13 +9,16 @@ into a shared library (no torch headers: seconds, not minutes; or takes the one 
 it through ctypes with the same FaParams the torch binding fills, checks each variant with
 facourse.check_entry_point and times it with facourse.bench_attention against SDPA's
 FLASH_ATTENTION backend. Any other `NAME.so` in --lib that exports fa_launch is measured too; the
-committed results hold three such: solution_v4 (the exercise's harness), solution_ws
-(ladder/harness_candidates/ws) and solution_h64 (the exercise's harness with
--DFA_HARNESS_WARPS=4 -DFA_HARNESS_MIN_BLOCKS=2), each the solution's four functions built with
+committed results hold three such: solution_v4 (the exercise's harness), solution_h64 (the
+exercise's harness with -DFA_HARNESS_WARPS=4 -DFA_HARNESS_MIN_BLOCKS=2) and solution_ws (a
+candidate harness with a producer warp and the softmax overlap, 0.62-0.73x FA2: not adopted, and
+removed from the tree after that run; `git show f1fcc0c:solutions/06_cuda_flash_attention/ladder/
+harness_candidates/ws/fa_harness.cuh` has it, built with -I to its folder), each the solution's
+four functions built with
 
     nvcc -shared -Xcompiler -fPIC -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 \
-         [-I ladder/harness_candidates/ws | -DFA_HARNESS_WARPS=4 -DFA_HARNESS_MIN_BLOCKS=2] \
-         -I ladder -I . ladder/student_kernel_solution.cu -o LIB/solution_ws.so
+         [-DFA_HARNESS_WARPS=4 -DFA_HARNESS_MIN_BLOCKS=2] \
+         -I ladder -I . ladder/student_kernel_solution.cu -o LIB/solution_h64.so
 
 (run in solutions/06_cuda_flash_attention/; v5_variants.so the same way from v5_warp_specialized.cu
 with -DV5_VARIANTS). Writes $OUT/step06_v5_variants.json and prints a table last.
