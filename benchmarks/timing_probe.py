@@ -1,6 +1,6 @@
 """Why facourse.bench keeps the GPU busy before each timed call: the same kernels timed both ways.
 
-    PYTHONPATH=src:. python benchmarks/timing_probe.py [--out DIR]
+    PYTHONPATH=src:. python -m benchmarks.timing_probe [--out DIR]
 
 For step 05's solution and SDPA's FLASH_ATTENTION on `large` and causal 4k (fp16, bf16) it
 measures how long Python takes to enqueue one call (GPU idle before it) and how long the L2 flush
@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from facourse.bench import new_flush_buffer, sdpa_reference, time_calls  # noqa: E402
-from facourse.configs import CONFIGS, make_inputs  # noqa: E402
-from run_gpu import env_info, ladder_files, sweep_config  # noqa: E402
+from facourse.configs import CONFIGS, SWEEP, make_inputs  # noqa: E402
+from facourse.steps import solution_path  # noqa: E402
+from benchmarks.ladder import env_info  # noqa: E402
 
-SHAPES = [CONFIGS["large"], sweep_config(4096, True)]
+SHAPES = [CONFIGS["large"], SWEEP["causal_4k"]]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -51,7 +52,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     out = Path(ap.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
-    path = ladder_files()[-1]
+    path = solution_path("05")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -28,6 +28,10 @@ from .reference import kv_head_index
 
 BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
+#: How ``bench_attention`` times, in one line: every result file names it.
+TIMING = ("facourse.bench.time_calls: CUDA events around each call, GPU time only (the L2 flushed, then a spin "
+          "kernel hides Python's enqueue), interleaved rounds against the reference, median of >= 20 after warm-up")
+
 
 @dataclass
 class BenchResult:

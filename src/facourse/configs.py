@@ -77,6 +77,28 @@ CPU_CONFIGS: dict[str, AttnConfig] = _five({
 #: The long configuration that performance is graded on besides ``large``.
 LONG_CONFIG = AttnConfig("long", 2, 16, 16, 8192, 8192, 128, False, graded_perf=True)
 
+#: The sequence-length sweep of the benchmarks: D = 128, Hq = Hkv = 16, B·S = 16k (every point
+#: fills the GPU), S = 512 ... 16k, causal and not. Names: ``causal_4k``, ``noncausal_512``, ...
+SWEEP_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def _length(S: int) -> str:
+    return f"{S // 1024}k" if S >= 1024 else str(S)
+
+
+def sweep_config(S: int, causal: bool) -> AttnConfig:
+    """One sweep point: ``sweep_config(4096, True)`` is ``causal_4k`` (B = 4, H = 16, 4096², D = 128)."""
+    return AttnConfig(f"{'causal' if causal else 'noncausal'}_{_length(S)}", max(1, 16384 // S), 16, 16, S, S,
+                      128, causal)
+
+
+#: Every sweep point by name, non-causal first, short to long.
+SWEEP: dict[str, AttnConfig] = {c.name: c for c in (sweep_config(S, causal) for causal in (False, True)
+                                                    for S in SWEEP_LENGTHS)}
+
+#: The long points (4k-16k): where a kernel's steady state shows; the solutions' bar is set there.
+SWEEP_4K_16K: tuple[str, ...] = tuple(n for n, c in SWEEP.items() if c.Sq >= 4096)
+
 #: Edge cases beyond the five. Sizes are small enough for the CPU; the GPU runs them as they are.
 EDGE_CASES: dict[str, AttnConfig] = {
     # lengths that are no multiple of any block size
@@ -111,7 +133,7 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 
 
 def get_config(name: str, device: str | torch.device | None = None) -> AttnConfig:
-    """A configuration by name: one of the five (sized for ``device``), an edge case, or "long"."""
+    """A configuration by name: one of the five (sized for ``device``), an edge case, "long" or a sweep point."""
     five = profile(device)
     if name in five:
         return five[name]
@@ -119,7 +141,9 @@ def get_config(name: str, device: str | torch.device | None = None) -> AttnConfi
         return EDGE_CASES[name]
     if name == "long":
         return LONG_CONFIG
-    known = ", ".join([*five, *EDGE_CASES, "long"])
+    if name in SWEEP:
+        return SWEEP[name]
+    known = ", ".join([*five, *EDGE_CASES, "long", *SWEEP])
     raise KeyError(f"unknown configuration {name!r}; known: {known}")
 
 

@@ -4,7 +4,7 @@
 
 Candidates are v6 (host-side tensor descriptors) with tiles forced through ``FORCE_TILES``, and
 for comparison v4 (pointers) and v5 (descriptors built in the kernel) with one fixed autotuner
-config. Shapes: `large` and the 4k-16k sweep points of benchmarks/run_gpu.py (D = 128, H = 16,
+config. Shapes: `large` and the 4k-16k sweep points of facourse.configs (D = 128, H = 16,
 causal and not), fp16 and bf16. Each shape draws its inputs once; every round times SDPA's
 FLASH_ATTENTION and each candidate once, in an order that rotates from round to round, with L2
 flushed and the GPU kept busy before every call, CUDA events around it (facourse.bench.time_calls,
@@ -28,12 +28,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from benchmarks.run_gpu import DTYPES, env_info, load, sweep_config  # noqa: E402
-from facourse.bench import new_flush_buffer, sdpa_reference, time_calls  # noqa: E402
-from facourse.configs import CONFIGS, make_inputs  # noqa: E402
+from benchmarks.ladder import _load_py as load  # noqa: E402
+from benchmarks.ladder import env_info  # noqa: E402
+from facourse.bench import TIMING, new_flush_buffer, sdpa_reference, time_calls  # noqa: E402
+from facourse.configs import CONFIGS, SWEEP, SWEEP_4K_16K, make_inputs  # noqa: E402
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 # (label, ladder file, tiles (BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg), shapes or None = all)
-BASELINE_SHAPES = ["large", "sweep_4096_causal", "sweep_8192_noncausal"]
+BASELINE_SHAPES = ["large", "causal_4k", "noncausal_8k"]
 CANDIDATES = [
     ("v4 64x64/4w/3s", "v4_autotuned", (64, 64, 4, 3, None), BASELINE_SHAPES),
     ("v5 64x64/4w/3s", "v5_tma", (64, 64, 4, 3, None), BASELINE_SHAPES),
@@ -46,11 +49,11 @@ CANDIDATES = [
     ("v6 128x64/8w/3s", "v6_host_tma", (128, 64, 8, 3, None), None),
     ("v6 128x128/8w/2s", "v6_host_tma", (128, 128, 8, 2, None), None),
     ("v6 128x128/8w/3s", "v6_host_tma", (128, 128, 8, 3, None),
-     ["sweep_4096_noncausal", "sweep_8192_noncausal", "sweep_16384_noncausal"]),
+     ["noncausal_4k", "noncausal_8k", "noncausal_16k"]),
 ]
 
 
-SHAPES = [CONFIGS["large"]] + [sweep_config(S, c) for c in (True, False) for S in (4096, 8192, 16384)]
+SHAPES = [CONFIGS["large"]] + [SWEEP[n] for n in SWEEP_4K_16K]
 
 
 class _Fixed:
@@ -87,7 +90,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     env = env_info()
     print(json.dumps(env), flush=True)
-    result = {"env": env, "reference": "FLASH_ATTENTION", "rounds": args.rounds,
+    result = {"env": env, "timing": TIMING, "reference": "FLASH_ATTENTION", "rounds": args.rounds,
               "candidates": [{"label": c[0], "file": c[1], "tiles": c[2]} for c in CANDIDATES], "rows": []}
     ref, _ = sdpa_reference("FLASH_ATTENTION")
     fns = {label: make_fn(stem, tiles) for label, stem, tiles, _ in CANDIDATES}

@@ -1,0 +1,66 @@
+"""The steps' manifests: ``solutions/NN_*/step.toml``, one per step, read by everything else.
+
+    >>> from facourse.steps import load_step, solution_path
+    >>> load_step("05")["ladder"]["solution"]
+    'v6_host_tma'
+
+A manifest names the step (``[step]``), its exercise (entry point, the given harness files), its
+reference backend (``[reference]``) and its ladder of solution kernels (``[[rungs]]``: name, file,
+verdict). Thresholds are not here: ``autograder/thresholds.toml`` is their one place. The
+manifests live in ``solutions/``, which the student archive leaves out: this module is for the
+repository's own tools (benchmarks/ladder.py, the tests), not for the notebooks.
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = ROOT / "solutions"
+
+
+def step_dir(step: str | int) -> Path:
+    """``solutions/NN_*`` for step ``"05"``, ``5`` or ``"05_triton_flash_attention"``."""
+    sid = f"{int(str(step)[:2]):02d}"
+    found = sorted(SOLUTIONS.glob(f"{sid}_*/step.toml"))
+    if not found:
+        raise KeyError(f"no manifest solutions/{sid}_*/step.toml (is solutions/ here? the student archive has none)")
+    return found[0].parent
+
+
+def step_ids() -> list[str]:
+    """Every step that has a manifest, in order."""
+    return [p.parent.name[:2] for p in sorted(SOLUTIONS.glob("[0-9][0-9]_*/step.toml"))]
+
+
+def load_step(step: str | int) -> dict:
+    """The manifest as a dict, with ``dir`` (the step's folder), ``ladder_dir``, ``rungs`` (a list,
+    possibly empty), ``entry_points`` (always a list) and ``ladder`` (``{}`` without rungs)."""
+    d = step_dir(step)
+    m = tomllib.loads((d / "step.toml").read_text(encoding="utf-8"))
+    m["dir"], m["ladder_dir"] = d, d / "ladder"
+    m.setdefault("rungs", [])
+    m.setdefault("ladder", {})
+    m.setdefault("reference", {})
+    ep = m["exercise"]["entry_point"]
+    m["entry_points"] = [ep] if isinstance(ep, str) else list(ep)
+    return m
+
+
+def rung(step: str | int | dict, name: str) -> dict:
+    m = step if isinstance(step, dict) else load_step(step)
+    for r in m["rungs"]:
+        if r["name"] == name:
+            return r
+    raise KeyError(f"step {m['step']['id']} has no rung {name!r}; rungs: {[r['name'] for r in m['rungs']]}")
+
+
+def rung_path(step: str | int | dict, name: str) -> Path:
+    m = step if isinstance(step, dict) else load_step(step)
+    return m["ladder_dir"] / rung(m, name)["file"]
+
+
+def solution_path(step: str | int | dict) -> Path:
+    """The ladder file of the step's solution (the rung the manifest names)."""
+    m = step if isinstance(step, dict) else load_step(step)
+    return rung_path(m, m["ladder"]["solution"])
