@@ -1,20 +1,35 @@
-"""Write the measured tables of benchmarks/README.md from the committed JSON (no number is typed).
+"""Write the measured tables of benchmarks/README.md, and course/results/measured.json, from the
+committed results (no number is typed by hand).
 
-    python benchmarks/tables.py            # rewrite the marked blocks of benchmarks/README.md
-    python benchmarks/tables.py --check    # exit 1 if README.md differs from what the JSON gives
+    python benchmarks/tables.py            # rewrite the marked blocks of README.md and measured.json
+    python benchmarks/tables.py --check    # exit 1 if either differs from what the results give
 
-A block sits between `<!-- table:NAME -->` and `<!-- /table:NAME -->`; NAME picks a function below.
+A block sits between `<!-- table:NAME -->` and `<!-- /table:NAME -->`; NAME picks a function in
+TABLES. Each step's results are the newest `results/*_stepNN*.json` in the one schema of
+benchmarks/ladder.py ("schema": 1); the rendering is facourse.results', which the lectures use on
+course/results/measured.json (what ships with the student archive: bench rows and check counts).
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+from facourse import results as R  # noqa: E402
+
 RESULTS = HERE / "results"
 README = HERE / "README.md"
+MEASURED = R.MEASURED
+PROBE = "2026-11-22_h100_timing_probe.json"
+# v5_variants.py (step 06) and tile_sweep.py (step 05) measure tile configurations, not the ladder:
+# their own schema, one file each.
+VARIANTS = ("2026-11-22_h100_step06_v5_variants.json", "2026-11-22_h100_step06_v5_variants_run2.json")
+TILES = "2026-11-22_h100_step05_tiles.json"
 
 
 def _load(name: str) -> dict:
@@ -25,74 +40,46 @@ def _x(r: float | None) -> str:
     return "—" if r is None else f"{r:.2f}x"
 
 
-def step05() -> str:
-    d = _load("2026-11-22_h100_step05.json")
-    rows: dict = {}
-    for r in d["bench"] + d["sweep"]:
-        if "error" not in r:
-            rows.setdefault((r["name"], r["dtype"]), {})[r["backend"]] = r
-    out = ["| config | dtype | ours (%s) TFLOP/s | reference | ref TFLOP/s | ours / ref | SDPA cuDNN | ours / cuDNN |" % d["solution"],
-           "|---|---|---|---|---|---|---|---|"]
-    for (name, dt), by in rows.items():
-        cu = by.get("CUDNN_ATTENTION")
-        ref = by.get("FLASH_ATTENTION") or next((r for b, r in by.items() if b != "CUDNN_ATTENTION"), None)
-        first = ref or cu
-        out.append(f"| {name} | {dt} | {first['tflops_student']:.0f} | "
-                   + (f"{ref['backend']} | {ref['tflops_ref']:.0f} | {_x(ref['ratio'])} | " if ref else "— | — | — | ")
-                   + (f"{cu['tflops_ref']:.0f} | {_x(cu['ratio'])} |" if cu else "— | — |"))
-    return "\n".join(out)
+def latest(step: str) -> tuple[str, dict]:
+    """The newest results file of ``step`` in the ladder runner's schema: (file name, content)."""
+    found = []
+    for f in sorted(RESULTS.glob(f"*_step{step}*.json")):
+        d = json.loads(f.read_text())
+        if d.get("schema") == 1 and d.get("step") == step:
+            found.append((f.name, d))
+    if not found:
+        raise FileNotFoundError(f"no results/*_step{step}*.json in the schema of benchmarks/ladder.py")
+    return found[-1]
 
 
-def step05_ladder(name: str = "2026-11-22_h100_step05.json", kernels=None) -> str:
-    d = _load(name)
-    out = ["| version | config | TFLOP/s | vs SDPA FLASH_ATTENTION |", "|---|---|---|---|"]
-    for r in d["ladder"]:
-        if "error" not in r and (kernels is None or r["kernel"] in kernels):
-            out.append(f"| {r['kernel']} | {r['name']} | {r['tflops_student']:.0f} | {_x(r['ratio'])} |")
-    return "\n".join(out)
+@functools.lru_cache(maxsize=None)
+def measured() -> dict:
+    """course/results/measured.json: what the lectures show, from the committed results."""
+    out = {}
+    for step in ("05", "06", "07"):
+        try:
+            name, d = latest(step)
+        except FileNotFoundError:
+            continue
+        out[step] = R.compact(d, f"benchmarks/results/{name}")
+    probe = _load(PROBE)       # its sweep point under today's name (the probe ran before the rename)
+    probe["rows"] = [{**r, "config": _new_name(r["config"])} for r in probe["rows"]]
+    out["timing_probe"] = {**probe, "source": f"benchmarks/results/{PROBE}"}
+    return out
 
 
-def step05_v7() -> str:
-    """Run 6: the removed v7 (longest first across heads) and v6, timed in the same run."""
-    return step05_ladder("2026-11-22_h100_step05_run6.json", ("v6_host_tma", "v7_longest_first"))
+def _m(step: str) -> dict:
+    return measured()[step]
 
 
-def step05_bar() -> str:
-    """The issue's bar: the solution against FA2 (and cuDNN) on `large` and at the 4k-16k points."""
-    d = _load("2026-11-22_h100_step05.json")
-    out = ["| dtype | points | vs FA2 (min-max) | vs cuDNN (min-max) | >= 1.3x FA2 at every point |",
-           "|---|---|---|---|---|"]
-    for dt in dict.fromkeys(r["dtype"] for r in d["bench"]):
-        for label, pick in (("large", lambda r: r["name"] == "large"),
-                            ("4k-16k, causal", lambda r: r.get("S", 0) >= 4096 and r["causal"]),
-                            ("4k-16k, non-causal", lambda r: r.get("S", 0) >= 4096 and not r["causal"])):
-            rows = [r for r in d["bench"] + d["sweep"] if r["dtype"] == dt and "error" not in r and pick(r)]
-            fa = [r["ratio"] for r in rows if r["backend"] == "FLASH_ATTENTION"]
-            cu = [r["ratio"] for r in rows if r["backend"] == "CUDNN_ATTENTION"]
-            out.append(f"| {dt} | {label} ({len(fa)}) | {_x(min(fa))}-{_x(max(fa))} | {_x(min(cu))}-{_x(max(cu))} | "
-                       f"{'yes' if min(fa) >= 1.3 else 'no'} |")
-    return "\n".join(out)
-
-
-def timing_probe() -> str:
-    """benchmarks/timing_probe.py: the step-05 solution and FA2 timed without and with the spin."""
-    d = _load("2026-11-22_h100_timing_probe.json")
-    out = [f"| shape | dtype | enqueue ours ({d['solution']}, us) | enqueue FA2 (us) | L2 flush (us) | "
-           "t_FA2 / t_ours without the spin | with the spin |",
-           "|---|---|---|---|---|---|---|"]
-    keys = list(dict.fromkeys((r["config"], r["dtype"]) for r in d["rows"]))
-    for name, dt in keys:
-        rs = [r for r in d["rows"] if (r["config"], r["dtype"]) == (name, dt)]
-        h = rs[0]["host_enqueue_us"]
-        without = ", ".join(_x(r["ratio"]) for r in rs if not r["hide_host"])
-        with_ = ", ".join(_x(r["ratio"]) for r in rs if r["hide_host"])
-        out.append(f"| {name} | {dt} | {h['ours']:.0f} | {h['FA2']:.0f} | {rs[0]['flush_us']:.0f} | {without} | {with_} |")
-    return "\n".join(out)
+def source(step: str) -> str:
+    d = _m(step)
+    return f"Source: `{d['source'].removeprefix('benchmarks/')}`. {R.header(d)}."
 
 
 def step05_tiles() -> str:
     """tile_sweep.py: t_FA2 / t_candidate for each tile candidate (columns) on each shape (rows)."""
-    d = _load("2026-11-22_h100_step05_tiles.json")
+    d = _load(TILES)
     labels = [c["label"] for c in d["candidates"]]
     keys = list(dict.fromkeys((r["config"], r["dtype"]) for r in d["rows"]))
     out = ["| shape | dtype | FA2 TFLOP/s | " + " | ".join(labels) + " |", "|---|---|---|" + "---|" * len(labels)]
@@ -101,33 +88,15 @@ def step05_tiles() -> str:
         fa = next((r["tflops_fa2"] for r in rows.values() if "tflops_fa2" in r), None)
         cells = ["—" if lab not in rows else "error" if "error" in rows[lab] else _x(rows[lab]["ratio"])
                  for lab in labels]
-        out.append(f"| {name} | {dt} | {fa:.0f} | " + " | ".join(cells) + " |")
+        out.append(f"| {_new_name(name)} | {dt} | {fa:.0f} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
-STEP06 = ["2026-11-22_h100_step06.json",        # v1-v4 and the exercise's solution
-          "2026-11-22_h100_step06_run2.json",   # v5 (its v6 failed mqa/bf16: superseded by run 3)
-          "2026-11-22_h100_step06_run3.json",   # v6 (24 B of spills at D = 128: superseded by run 4)
-          "2026-11-22_h100_step06_run4.json"]   # v6, spill-free
 
-
-def step06() -> str:
-    versions = {}
-    for f in STEP06:                                   # a later run replaces a version of an earlier one
-        versions.update(_load(f)["versions"])
-    names = ["large", "full_4k", "causal_4k", "full_8k", "causal_8k", "full_16k", "causal_16k"]
-    out = ["| version | checks passed | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for v, r in versions.items():
-        ok = sum(x == "ok" for x in r["check"].values())
-        cells = []
-        for n in names:
-            b = r["bench"].get(n)
-            cells.append("—" if not b or "ratio" not in b else f"{b['tflops_student']:.0f} ({_x(b['ratio'])})")
-        out.append(f"| {v} | {ok}/{len(r['check'])} | " + " | ".join(cells) + " |")
-    ref = versions["solution"]["bench"]
-    out.append("| SDPA FLASH_ATTENTION | | " + " | ".join(
-        f"{ref[n]['tflops_ref']:.0f}" if n in ref else "—" for n in names) + " |")
-    return "\n".join(out)
+def _new_name(name: str) -> str:
+    """tile_sweep.py's first run named the sweep points sweep_<S>_<causal|noncausal>."""
+    m = re.fullmatch(r"sweep_(\d+)_(causal|noncausal)", name)
+    return f"{m[2]}_{int(m[1]) // 1024}k" if m else name
 
 
 def step06_variants() -> str:
@@ -150,43 +119,46 @@ def step06_variants() -> str:
     return "\n".join(out)
 
 
-def step07() -> str:
-    d = _load("2026-11-22_h100_step07.json")
-    names = ["large", "full_4k", "causal_4k", "full_8k", "causal_8k", "full_16k", "causal_16k"]
-    out = ["| version | checks passed | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for v, r in d["versions"].items():
-        ok = sum(x == "ok" for x in r["check"].values())
-        cells = []
-        for n in names:
-            b = r["bench"].get(n, {})
-            cu, fa = b.get("CUDNN_ATTENTION", {}), b.get("FLASH_ATTENTION", {})
-            cells.append("—" if "ratio" not in cu else
-                         f"{cu['tflops_student']:.0f} ({_x(cu['ratio'])} cuDNN, {_x(fa.get('ratio'))} FA2)")
-        out.append(f"| {v} | {ok}/{len(r['check'])} | " + " | ".join(cells) + " |")
-    for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):  # the reference's own figure, per rung's pairing
-        lo_hi = []
-        for n in names:
-            xs = [r["bench"][n][backend]["tflops_ref"] for r in d["versions"].values()
-                  if backend in r["bench"].get(n, {}) and "tflops_ref" in r["bench"][n][backend]]
-            lo_hi.append(f"{min(xs):.0f}-{max(xs):.0f}" if xs else "—")
-        out.append(f"| SDPA {backend} | | " + " | ".join(lo_hi) + " |")
-    return "\n".join(out)
 
-
-TABLES = {"step05": step05, "step05_ladder": step05_ladder, "step05_tiles": step05_tiles, "step05_v7": step05_v7,
-          "step05_bar": step05_bar, "timing_probe": timing_probe, "step06": step06, "step06_variants": step06_variants,
-          "step07": step07}
+TABLES = {
+    "step05": lambda: R.solution_table(_m("05")),
+    "step05_source": lambda: source("05"),
+    "step05_ladder": lambda: R.ladder_table(_m("05")),
+    "step05_bar": lambda: R.bar_table(_m("05")),
+    "step05_tiles": step05_tiles,
+    "timing_probe": lambda: R.timing_probe_table(_m("timing_probe")),
+    "step06": lambda: R.solution_table(_m("06")),
+    "step06_source": lambda: source("06"),
+    "step06_ladder": lambda: R.ladder_table(_m("06")),
+    "step06_bar": lambda: R.bar_table(_m("06")),
+    "step06_variants": step06_variants,
+    "step07": lambda: R.solution_table(_m("07")),
+    "step07_source": lambda: source("07"),
+    "step07_ladder": lambda: R.ladder_table(_m("07")),
+    "step07_bar": lambda: R.bar_table(_m("07")),
+}
 
 
 def render(text: str) -> str:
     def sub(m):
-        return f"<!-- table:{m[1]} -->\n{TABLES[m[1]]()}\n<!-- /table:{m[1]} -->"
+        try:
+            body = TABLES[m[1]]()
+        except KeyError:                       # a step with no results in the schema yet
+            body = "_No results in the ladder runner's schema are committed for this step._"
+        return f"<!-- table:{m[1]} -->\n{body}\n<!-- /table:{m[1]} -->"
     return re.sub(r"<!-- table:(\w+) -->.*?<!-- /table:\1 -->", sub, text, flags=re.S)
 
 
+def measured_text() -> str:
+    return json.dumps(measured(), indent=1, sort_keys=False) + "\n"
+
+
 if __name__ == "__main__":
-    old = README.read_text()
-    new = render(old)
+    old, new = README.read_text(), render(README.read_text())
+    old_m = MEASURED.read_text() if MEASURED.exists() else ""
+    new_m = measured_text()
     if "--check" in sys.argv:
-        sys.exit(0 if new == old else 1)
+        sys.exit(0 if (new, new_m) == (old, old_m) else 1)
     README.write_text(new)
+    MEASURED.parent.mkdir(parents=True, exist_ok=True)
+    MEASURED.write_text(new_m)

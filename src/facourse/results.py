@@ -1,0 +1,164 @@
+"""Measured results, as the lectures and the benchmark README show them (no number typed by hand).
+
+``benchmarks/ladder.py`` writes one JSON per step and GPU run in one schema (``"schema": 1``: step,
+env, timing method, reference backend, solution, rungs, rows of kind "check" or "bench").
+``python benchmarks/tables.py`` copies what the lectures show into ``course/results/measured.json``
+(which ships with the student archive: the bench rows and check counts of each step, and the
+timing probe) and writes the README's tables with the functions below, so both read the same rows.
+
+    >>> from facourse import results
+    >>> d = results.load("05")                      # None when nothing is committed
+    >>> print(results.bar_table(d))                 # the solution against FA2 and cuDNN
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MEASURED = Path(__file__).resolve().parents[2] / "course" / "results" / "measured.json"
+FA2, CUDNN = "FLASH_ATTENTION", "CUDNN_ATTENTION"
+
+
+def load(step: str, path: Path | str | None = None) -> dict | None:
+    """One step's results ("05", "06", "07", or "timing_probe") from course/results/measured.json."""
+    p = Path(path) if path else MEASURED
+    if not p.exists():
+        return None
+    return json.loads(p.read_text(encoding="utf-8")).get(step)
+
+
+def compact(d: dict, source: str) -> dict:
+    """What a lecture needs of a full results file: its header, check counts and bench rows."""
+    keep = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio")
+    checks: dict = {}
+    for r in d["rows"]:
+        if r["kind"] == "check":
+            c = checks.setdefault(r["rung"], [0, 0])
+            c[0] += r["check"] == "ok"
+            c[1] += 1
+    rows = [{k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
+            for r in d["rows"] if r["kind"] == "bench" and "ratio" in r]
+    return {"schema": d["schema"], "step": d["step"], "source": source, "env": d["env"], "timing": d["timing"],
+            "reference": d["reference"], "solution": d["solution"],
+            "rungs": {n: {"verdict": i["verdict"]} for n, i in d["rungs"].items()}, "checks": checks, "rows": rows}
+
+
+def bench(d: dict, rung: str | None = None, config: str | None = None, dtype: str | None = None,
+          backend: str | None = None) -> list[dict]:
+    """The bench rows that match (``None`` matches anything); ``backend`` matches the start of the name."""
+    return [r for r in d["rows"] if r.get("kind", "bench") == "bench" and "ratio" in r
+            and (rung is None or r["rung"] == rung) and (config is None or r["config"] == config)
+            and (dtype is None or r["dtype"] == dtype) and (backend is None or r["ref_backend"].startswith(backend))]
+
+
+def _x(r: float | None) -> str:
+    return "—" if r is None else f"{r:.2f}x"
+
+
+def _span(xs: list[float]) -> str:
+    return "—" if not xs else _x(min(xs)) if min(xs) == max(xs) else f"{_x(min(xs))}-{_x(max(xs))}"
+
+
+def header(d: dict) -> str:
+    e = d["env"]
+    return (f"{e['gpu']}, {e['date']}, torch {e['torch']}, CUDA {e['cuda']}, cuDNN {e['cudnn']}"
+            + (f", Triton {e['triton']}" if d["step"] == "05" else "") + f"; timing: {d['timing']}")
+
+
+def solution_table(d: dict) -> str:
+    """The solution on every timed configuration: TFLOP/s, against FA2 and against cuDNN."""
+    out = [f"| config | dtype | ours ({d['solution']}) TFLOP/s | reference | ref TFLOP/s | ours / ref | "
+           "SDPA cuDNN TFLOP/s | ours / cuDNN |", "|---|---|---|---|---|---|---|---|"]
+    sol = bench(d, d["solution"])
+    for cfg, dt in dict.fromkeys((r["config"], r["dtype"]) for r in sol):
+        rs = bench(d, d["solution"], cfg, dt)
+        ref = next((r for r in rs if not r["ref_backend"].startswith(CUDNN)), None)
+        cu = next((r for r in rs if r["ref_backend"].startswith(CUDNN)), None)
+        first = ref or cu
+        out.append(f"| {cfg} | {dt} | {first['tflops']:.0f} | "
+                   + (f"{ref['ref_backend']} | {ref['tflops_ref']:.0f} | {_x(ref['ratio'])} | " if ref else "— | — | — | ")
+                   + (f"{cu['tflops_ref']:.0f} | {_x(cu['ratio'])} |" if cu else "— | — |"))
+    return "\n".join(out)
+
+
+def ladder_table(d: dict) -> str:
+    """Every rung but the solution on its own configurations (fp16), against the step's references."""
+    backends = list(dict.fromkeys(r["ref_backend"] for r in d["rows"] if r["rung"] != d["solution"]))
+    out = ["| rung | checks | config | TFLOP/s | " + " | ".join(f"vs {b}" for b in backends) + " |",
+           "|---|---|---|---|" + "---|" * len(backends)]
+    rungs = [n for n in d["rungs"] if n != d["solution"]] + [d["solution"]]
+    for n in rungs:
+        ok, total = d["checks"].get(n, (0, 0))
+        cfgs = dict.fromkeys(r["config"] for r in bench(d, n, dtype="float16"))
+        if n == d["solution"]:
+            cfgs = dict.fromkeys(c for c in cfgs if c in _ladder_configs(d))
+        for i, c in enumerate(cfgs):
+            rs = bench(d, n, c, "float16")
+            by = {r["ref_backend"]: r for r in rs}
+            out.append(f"| {n if i == 0 else ''} | {f'{ok}/{total}' if i == 0 else ''} | {c} | {rs[0]['tflops']:.0f} | "
+                       + " | ".join(_x(by[b]["ratio"]) if b in by else "—" for b in backends) + " |")
+    return "\n".join(out)
+
+
+def _ladder_configs(d: dict) -> set:
+    return {r["config"] for r in d["rows"] if r["rung"] != d["solution"]}
+
+
+def bar_table(d: dict) -> str:
+    """The solution against FA2 and cuDNN on `large` and over the 4k-16k sweep, per dtype (min-max)."""
+    out = ["| dtype | configurations | vs FA2 | vs cuDNN |", "|---|---|---|---|"]
+    groups = (("large", lambda c: c == "large"),
+              ("4k-16k, causal", lambda c: c in ("causal_4k", "causal_8k", "causal_16k")),
+              ("4k-16k, non-causal", lambda c: c in ("noncausal_4k", "noncausal_8k", "noncausal_16k")))
+    for dt in dict.fromkeys(r["dtype"] for r in bench(d, d["solution"])):
+        for label, pick in groups:
+            rs = [r for r in bench(d, d["solution"], dtype=dt) if pick(r["config"])]
+            fa = [r["ratio"] for r in rs if r["ref_backend"] == FA2]
+            cu = [r["ratio"] for r in rs if r["ref_backend"] == CUDNN]
+            if fa or cu:
+                out.append(f"| {dt} | {label} ({len(fa)}) | {_span(fa)} | {_span(cu)} |")
+    return "\n".join(out)
+
+
+def timing_probe_table(d: dict) -> str:
+    """benchmarks/timing_probe.py: the step-05 solution and FA2 timed without and with the spin."""
+    out = [f"| shape | dtype | enqueue ours ({d['solution']}, us) | enqueue FA2 (us) | L2 flush (us) | "
+           "t_FA2 / t_ours without the spin | with the spin |", "|---|---|---|---|---|---|---|"]
+    for name, dt in dict.fromkeys((r["config"], r["dtype"]) for r in d["rows"]):
+        rs = [r for r in d["rows"] if (r["config"], r["dtype"]) == (name, dt)]
+        h = rs[0]["host_enqueue_us"]
+        without = ", ".join(_x(r["ratio"]) for r in rs if not r["hide_host"])
+        with_ = ", ".join(_x(r["ratio"]) for r in rs if r["hide_host"])
+        out.append(f"| {name} | {dt} | {h['ours']:.0f} | {h['FA2']:.0f} | {rs[0]['flush_us']:.0f} | {without} | {with_} |")
+    return "\n".join(out)
+
+
+def plot_sweep(d: dict, dtype: str = "float16", ax=None):
+    """TFLOP/s against sequence length: the solution, SDPA FA2 and cuDNN, non-causal and causal."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    sol = bench(d, d["solution"], dtype=dtype)
+    for a, kind in zip(ax, ("noncausal", "causal")):
+        pts = [r for r in sol if r["config"].startswith(kind + "_")]
+        lengths = sorted({_seq(r["config"]) for r in pts})
+        get = lambda be, key: [next((r[key] for r in pts if _seq(r["config"]) == s and r["ref_backend"] == be),  # noqa: E731
+                                    float("nan")) for s in lengths]
+        a.plot(lengths, get(FA2, "tflops"), "o-", label=f"course kernel ({d['solution']})")
+        a.plot(lengths, get(FA2, "tflops_ref"), "s-", label="SDPA FLASH_ATTENTION (FA2)")
+        a.plot(lengths, get(CUDNN, "tflops_ref"), "^-", label="SDPA CUDNN_ATTENTION")
+        a.set_xscale("log", base=2)
+        a.set_xticks(lengths, [f"{s // 1024}k" if s >= 1024 else str(s) for s in lengths])
+        a.set_xlabel(f"sequence length (D = 128, B·H·S = 16·16k, {dtype})")
+        a.set_title("causal" if kind == "causal" else "non-causal")
+        a.grid(alpha=0.3)
+    ax[0].set_ylabel("TFLOP/s")
+    ax[0].legend(fontsize=8)
+    ax[0].figure.suptitle(f"{d['env']['gpu']}, {d['env']['date']}: GPU time, L2 flushed, median of 25", fontsize=9)
+    return ax
+
+
+def _seq(name: str) -> int:
+    s = name.rsplit("_", 1)[1]
+    return int(s[:-1]) * 1024 if s.endswith("k") else int(s)
