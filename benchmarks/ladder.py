@@ -212,7 +212,7 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
         row["seconds"] = round(time.time() - t0, 2)
         res["rows"].append(row)
         save()
-    tuned = getattr(sys.modules.get(f"ladder_{Path(rung(m, name)['file']).stem}"), "attn_fwd_tuned", None)
+    tuned = getattr(fn, "__globals__", {}).get("attn_fwd_tuned")   # a Triton rung's module
     if tuned is not None and hasattr(tuned, "cache"):   # which tiles the autotuner picked, per key
         res["autotune"] = {str(k): str(v) for k, v in tuned.cache.items()}
         save()

@@ -1,8 +1,8 @@
 """v2: loop over every K/V tile with the online softmax; the causal mask applied to every tile.
 Fixed BLOCK_M = BLOCK_N = 64, 4 warps, 2 stages.
 
-v2 verdict: any length, but visits every masked tile: 173 TFLOP/s on large (0.56x FA2), 368 on long (1.02x), H100, run 7.
-Measured: benchmarks/results/2026-11-22_h100_step05.json (run 7, ladder section of benchmarks/run_gpu.py; runs 1-5, timed with the host's enqueue inside the window: _run1.._run5).
+v2 verdict: any length, but visits every masked tile: 173 TFLOP/s on large (0.56x FA2), 367 on long (1.02x), H100.
+Measured: benchmarks/results/2026-11-22_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton with raw pointers and masks. One
 program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j

@@ -1,8 +1,8 @@
 """v3: causal split into off-band tiles (no mask) and on-band tiles (masked); tiles above the
 diagonal skipped; query tiles launched longest first. Fixed BLOCK_M = BLOCK_N = 64, 4 warps.
 
-v3 verdict: causal tile skipping, 2.0x v2 on large: 347 TFLOP/s (1.12x FA2); 377 on long (1.03x), H100, run 7.
-Measured: benchmarks/results/2026-11-22_h100_step05.json (run 7, ladder section of benchmarks/run_gpu.py; runs 1-5, timed with the host's enqueue inside the window: _run1.._run5).
+v3 verdict: causal tile skipping, 2.0x v2 on large: 346 TFLOP/s (1.13x FA2); 377 on long (1.04x), H100.
+Measured: benchmarks/results/2026-11-22_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton with raw pointers and masks. One
 program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j

@@ -1,7 +1,7 @@
 """v4: GQA, exp2 with log2(e) folded into the scale, autotuned BLOCK_M/BLOCK_N/warps/stages.
 
-v4 verdict: 388 TFLOP/s on large (1.26x FA2; the autotuner picked 128x64, 8 warps, 3 stages; an earlier run picked 64x64, 4 warps), 501 on long (1.40x FA2), H100, run 7.
-Measured: benchmarks/results/2026-11-22_h100_step05.json (run 7, ladder section of benchmarks/run_gpu.py; runs 1-5, timed with the host's enqueue inside the window: _run1.._run5).
+v4 verdict: 390 TFLOP/s on large (1.27x FA2), 503 on long (1.40x FA2), H100 (the autotuner picks its tiles per run: an earlier run picked 128x64, 8 warps, 3 stages, another 64x64, 4 warps).
+Measured: benchmarks/results/2026-11-22_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton with raw pointers and masks. One
 program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j

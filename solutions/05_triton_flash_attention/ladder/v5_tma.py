@@ -1,7 +1,7 @@
 """v5: tensor descriptors (TMA on Hopper) instead of pointer arithmetic, built inside the kernel.
 
-v5 verdict: no faster than v4 on large, 390 TFLOP/s (1.27x FA2; v4 1.26x), faster on long, 551 (1.54x; v4 1.40x), H100, run 7; v6 builds the descriptors on the host.
-Measured: benchmarks/results/2026-11-22_h100_step05.json (run 7, ladder section of benchmarks/run_gpu.py; runs 1-5, timed with the host's enqueue inside the window: _run1.._run5).
+v5 verdict: no faster than v4 on large, 386 TFLOP/s (1.26x FA2; v4 1.27x), faster on long, 546 (1.54x; v4 1.40x), H100; v6 builds the descriptors on the host.
+Measured: benchmarks/results/2026-11-22_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton; v5 reads tiles through tensor descriptors (TMA). One
 program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j

@@ -1,7 +1,7 @@
 """v6: host-side tensor descriptors (TMA) and a tile table measured per shape class; the solution.
 
-v6 verdict: 453 TFLOP/s on large (1.47x FA2, 0.84x cuDNN), 602 on long (1.65x); 4k-16k 1.51-1.73x FA2, fp16 and bf16, causal and not (H100, run 7).
-Measured: benchmarks/results/2026-11-22_h100_step05.json (benchmarks/run_gpu.py); tile table: 2026-11-22_h100_step05_tiles.json (tile_sweep.py).
+v6 verdict: 446 TFLOP/s on large (1.47x FA2, 0.85x cuDNN), 599 on long (1.64x); 4k-16k 1.51-1.72x FA2, fp16 and bf16, causal and not (H100).
+Measured: benchmarks/results/2026-11-22_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25). Tile table: 2026-11-22_h100_step05_tiles.json (tile_sweep.py).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton. One program computes one query tile
 Q_i (BLOCK_M rows) of one query head against every K_j, V_j tile it can see. Causal attention runs
