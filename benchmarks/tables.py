@@ -98,18 +98,18 @@ def step05_tiles() -> str:
 
 
 def _new_name(name: str) -> str:
-    """tile_sweep.py's first run named the sweep points sweep_<S>_<causal|noncausal>."""
+    """Earlier runs named the sweep points sweep_<S>_<causal|noncausal> or full_<n>k / causal_<n>k."""
     m = re.fullmatch(r"sweep_(\d+)_(causal|noncausal)", name)
-    return f"{m[2]}_{int(m[1]) // 1024}k" if m else name
+    return f"{m[2]}_{int(m[1]) // 1024}k" if m else re.sub(r"^full_", "noncausal_", name)
 
 
 def step06_variants() -> str:
     """v5's configurations (ladder/v5_variants.py), fp16; the columns from V5_VARIANT_LIST."""
     src = (HERE.parent / "solutions/06_cuda_flash_attention/ladder/v5_warp_specialized.cu").read_text()
     cfg = {m[1]: [x.strip() for x in m[2].split(",")] for m in re.finditer(r"X\((\w+),\s*v5::Cfg<([^>]*)>\)", src)}
-    names = ["large", "full_4k", "causal_4k", "full_8k", "causal_8k", "full_16k", "causal_16k"]
+    names = ["large", "full_4k", "causal_4k", "full_8k", "causal_8k", "full_16k", "causal_16k"]  # as measured
     out = ["| variant | warps | rows/warp | BLOCK_N | stages | producer | overlap | Q in regs | lazy | "
-           + " | ".join(names) + " |", "|---|" + "---|" * (8 + len(names))]
+           + " | ".join(_new_name(n) for n in names) + " |", "|---|" + "---|" * (8 + len(names))]
     for run, f in ((1, "2026-11-22_h100_step06_v5_variants.json"), (2, "2026-11-22_h100_step06_v5_variants_run2.json")):
         for v, r in _load(f)["variants"].items():
             if v == "v5_default":                      # a copy of one of the listed configurations

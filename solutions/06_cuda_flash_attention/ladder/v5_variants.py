@@ -41,11 +41,12 @@ import torch
 LADDER = Path(__file__).resolve().parent
 HERE = LADDER.parent
 
-from facourse import CONFIGS, EDGE_CASES, AttnConfig, bench_attention, check_entry_point, validate_inputs  # noqa: E402
+from facourse import CONFIGS, EDGE_CASES, bench_attention, check_entry_point, validate_inputs  # noqa: E402
 from facourse.cuda_build import gencode_flag  # noqa: E402
 
-SWEEP = [AttnConfig(f"{'causal' if c else 'full'}_{s // 1024}k", B=max(1, 16384 // s), Hq=16, Hkv=16, Sq=s, Skv=s,
-                    D=128, causal=c) for s in (4096, 8192, 16384) for c in (False, True)]
+from facourse.configs import SWEEP as _ALL, SWEEP_4K_16K  # noqa: E402
+
+SWEEP = [_ALL[n] for n in SWEEP_4K_16K]   # the 4k-16k points: noncausal_4k ... causal_16k
 
 
 class FaParams(ctypes.Structure):  # fa_params.h
