@@ -312,9 +312,28 @@ def test_ladder_is_numbered_and_has_verdicts():
         assert "to be measured" not in text
 
 
+def test_rungs_are_traits_over_one_harness():
+    """apply_mask, the epilogue and the key-tile count are written once (fa_harness.cuh), the ladder's
+    online softmax once (ladder/harness.cuh; the exercise's is the student's own); v2..v4 are the exercise
+    harness with named traits, v5 and v6 ladder/harness.cuh's kernel with named traits."""
+    import re
+    files = [STEP / "fa_harness.cuh", STEP / "fa_primitives.cuh", *sorted(LADDER.glob("*.cu*"))]
+    text = {f.name: f.read_text() for f in files}
+    for fn, home in (("apply_mask", "fa_harness.cuh"), ("epilogue", "fa_harness.cuh"),
+                     ("num_key_tiles", "fa_harness.cuh"), ("softmax_update", "harness.cuh"),
+                     ("online_softmax_update", "student_kernel_solution.cu")):
+        defs = [n for n, t in text.items() if re.search(rf"^FA_DEVICE \w+ {fn}\(", t, re.M)]
+        assert defs == [home], (fn, defs)
+    for rung, harness in (("v2_mma.cu", "student_kernel_solution.cu"), ("v3_cp_async.cu", "student_kernel_solution.cu"),
+                          ("v4_swizzle.cu", "student_kernel_solution.cu"), ("v5_warp_specialized.cu", "harness.cuh"),
+                          ("v6_fa2_tiles_lazy.cu", "harness.cuh")):
+        assert f'#include "{harness}"' in text[rung] and "__global__" not in text[rung], rung
+        assert re.search(r"struct V\dTraits \{", text[rung]) or rung == "v4_swizzle.cu", rung
+
+
 # No rung spills, nor the exercise's solution. v6 (4 warps x 32 rows x D = 128 of O in registers)
 # sits at 255 registers: it holds no per-thread value through its loops that it can recompute
-# (v5_warp_specialized.cu: load_kv's per-thread pointers, Consumer::reload_addresses, row0_again).
+# (ladder/harness.cuh: load_kv's per-thread pointers, Consumer::reload_addresses, row0_again).
 
 
 @needs_nvcc

@@ -3,6 +3,8 @@
 // verdict: correct and simple, CUDA-core bound; the baseline every later rung is compared with.
 // figure: 8 TFLOP/s on large (0.03x SDPA FA2), H100, 2026-11-22 (benchmarks/results/2026-11-22_h100_step06.json)
 #include "fa_primitives.cuh"
+#define FA_HARNESS_HELPERS_ONLY  // fa::num_key_tiles, fa::row_lse (the exercise harness's)
+#include "fa_harness.cuh"
 
 namespace v1 {
 constexpr int BLOCK_M = 16;   // rows per CTA (4 warps x 4 rows)
@@ -51,11 +53,7 @@ __global__ void __launch_bounds__(NWARPS * 32) kernel(const FaParams p) {
     m_i[r] = -INFINITY;
     l_i[r] = 0.f;
   }
-  int Tc = (p.Skv + BLOCK_N - 1) / BLOCK_N;
-  if (p.causal) {
-    const int last_key = m0 + BLOCK_M - 1 + diag;
-    Tc = last_key < 0 ? 0 : min(Tc, last_key / BLOCK_N + 1);
-  }
+  const int Tc = fa::num_key_tiles(p, m0, diag, BLOCK_M, BLOCK_N);
   for (int j = 0; j < Tc; ++j) {
     const int n0 = j * BLOCK_N;
     __syncthreads();
@@ -103,7 +101,7 @@ __global__ void __launch_bounds__(NWARPS * 32) kernel(const FaParams p) {
     const float inv = l_i[r] > 0.f ? 1.f / l_i[r] : 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) O[(int64_t)row * p.o_ss + lane + 32 * e] = from_float<T>(o[r][e] * inv);
-    if (lane == 0) lse[row] = l_i[r] > 0.f ? (m_i[r] + log2f(l_i[r])) * FA_LN2 : -INFINITY;
+    if (lane == 0) lse[row] = fa::row_lse(m_i[r], l_i[r]);
   }
 }
 

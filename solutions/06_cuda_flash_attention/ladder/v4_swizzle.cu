@@ -3,4 +3,5 @@
 // solution (student_kernel_solution.cu + fa_harness.cuh) and the step's flash_attention_cuda.
 // verdict: the solution kernel: FA2 on mma.sync, 2-stage cp.async, swizzle, causal tile skipping.
 // figure: 240 TFLOP/s on large (0.83x FA2), 4.7x v3; 0.82-0.91x FA2 over 4k-16k, H100 (benchmarks/results/2026-11-22_h100_step06.json)
+// Its traits are fa::ExerciseTraits (fa_harness.cuh): 8 warps x 16 rows, 2 cp.async stages, swizzled tiles.
 #include "student_kernel_solution.cu"
