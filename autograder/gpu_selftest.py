@@ -1,18 +1,26 @@
-"""GPU-tier self-test of performance grading: `python -m autograder.gpu_selftest` on the GPU box.
+"""GPU-tier self-test of grading through the judge: `python -m autograder.gpu_selftest` on the GPU box.
 
-Grades three stand-ins for a step-05 submission with ``perf_points`` on ``large``: PyTorch's
-FLASH_ATTENTION itself (honest: ratio about 1, full points), a function that caches its output
-by input address (timed as nearly free), and one that launches its work on a side CUDA stream
-(invisible to the timing events). The two cheats must be flagged above the roofline and score 0.
-Exit status 1 when any verdict is wrong. Also tests the SDPA guard and the cache detector on CUDA.
+Hidden tests run exactly as ``autograde`` runs them — the kernel-side client, the wire, the plan,
+the judge's replay and verdicts — with kernel and judge in one process (``judge.run_inprocess``:
+the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same path):
 
-On an H100/H200 it also runs step 07's hidden-test functions on the exercise solution: the
-structural check (HGMMA and UTMALDG in the SASS; step 06's kernel must fail it, which also proves
-that cuobjdump works here), the cache and SDPA guards, and ``perf_points`` against cuDNN, which
-must award points. On another GPU that part says it is skipped.
+1. step 05's perf test, with stand-ins for a submission: PyTorch's FLASH_ATTENTION itself (honest,
+   about 1x: points), a function that caches its output by input address and one that launches
+   its work on a side stream (both timed faster than the GPU can run: flagged, 0), and honest
+   numbers whose reference time was multiplied by 3 on their way to the judge (the judge's own
+   calibration disagrees: flagged, 0);
+2. step 06: the exercise's solution (its harness + ladder/student_kernel_solution.cu) on every
+   test of the plan: every correctness point, and the perf points its speed earns;
+3. step 07 (H100/H200 only): the same, with the structural check compiled by the judge from the
+   submitted source; step 06's kernel must fail that check.
+
+Prints a table, writes ``$OUT/gpu_selftest.json`` (OUT defaults to ./out) and exits 1 when any
+verdict is not the expected one.
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,14 +30,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    from facourse import check_entry_point, sdpa_reference
-
-    from . import guards, perf
-
     if not torch.cuda.is_available():
         print("No GPU here: this self-test runs on the GPU grading machine.")
         return 0
-    fn, used = sdpa_reference("FLASH_ATTENTION")
+    sys.path.insert(0, str(ROOT))
+    import facourse
+    from facourse import sdpa_reference, has_sm90a
+
+    from . import judge as J
+
+    rows: list[dict] = []
+
+    def expect(label, verdicts, want):
+        for test, v in verdicts.items():
+            ok = want(test, v)
+            rows.append({"case": label, "test": test, "points": v.points, "max": v.max_points,
+                         "as_expected": bool(ok), "message": v.message[:400],
+                         "perf": {k: v.perf.get(k) for k in ("tflops_student", "tflops_ref", "ratio",
+                                                             "calibration_ms", "status")} if v.perf else None})
+            print(f"{'ok   ' if ok else 'WRONG'} {label:<28} {test:<22} {v.points:g}/{v.max_points:g}  "
+                  f"{(v.message or (v.output[-1] if v.output else '')).splitlines()[0][:110] if (v.message or v.output) else ''}",
+                  flush=True)
+
+    # 1. step 05's perf test and its anti-cheat
+    step05 = "05_triton_flash_attention"
+    fn, _ = sdpa_reference("FLASH_ATTENTION")
 
     def honest(q, k, v, causal=False, scale=None):
         return fn(q, k, v, causal, scale)
@@ -48,65 +73,53 @@ def main() -> int:
         with torch.cuda.stream(side):
             return fn(q, k, v, causal, scale)
 
-    ok = True
-    for f, want in ((honest, lambda p: p > 0), (cached, lambda p: p == 0), (side_stream, lambda p: p == 0)):
-        got = perf.perf_points(f, "05_triton_flash_attention", "large", 2, expect_lse=False)
-        verdict = "as expected" if want(got) else "WRONG"
-        ok &= want(got)
-        print(f"== {f.__name__}: {got:g} points, {verdict}\n", flush=True)
+    expect("honest (SDPA as student)", J.run_inprocess(step05, honest, ["perf_large"]), lambda t, v: v.points > 0)
+    expect("address-keyed cache", J.run_inprocess(step05, cached, ["perf_large"]),
+           lambda t, v: v.points == 0 and "Not trusted" in v.message)
+    expect("side-stream launch", J.run_inprocess(step05, side_stream, ["perf_large"]),
+           lambda t, v: v.points == 0 and "Not trusted" in v.message)
+    J.calibration("cuda:0", "large", "FLASH_ATTENTION")          # the judge's own number, first
+    real = facourse.bench_attention
+
+    def forged(*args, **kwargs):
+        r = real(*args, **kwargs)
+        r.t_ref_ms *= 3
+        r.ratio *= 3
+        return r
+
+    facourse.bench_attention = forged
     try:
-        check_entry_point(guards.forbid_framework_attention(honest), "medium")
-        print("WRONG: SDPA on CUDA was not caught")
-        ok = False
-    except guards.CheatDetected as e:
-        print("SDPA on CUDA caught:", str(e).splitlines()[0])
-    try:
-        guards.check_no_caching(cached, "medium")
-        print("WRONG: the address-keyed cache was not caught")
-        ok = False
-    except guards.CheatDetected as e:
-        print("cache on CUDA caught:", str(e).splitlines()[0])
-    print(f"dense fp16 GEMM measured here: {guards.measured_gemm_tflops():.0f} TFLOP/s "
-          f"(data sheet: {guards.peak_tflops(torch.cuda.get_device_name())})")
-    ok &= hopper_selftest()
-    return 0 if ok else 1
+        expect("forged reference time", J.run_inprocess(step05, honest, ["perf_large"]),
+               lambda t, v: v.points == 0 and "apart" in v.message)
+    finally:
+        facourse.bench_attention = real
 
+    # 2. and 3.: the exercise solutions of steps 06 and 07, every test of their plans
+    from benchmarks.ladder import entry_point
 
-def hopper_selftest() -> bool:
-    """Step 07's hidden tests on the exercise solution (Hopper only). True when every verdict is right."""
-    from facourse import check_entry_point, has_sm90a, validate_inputs
-    from facourse.cuda_build import SassCheckError, check_sass, load_cuda_extension
+    def full_marks(t, v):
+        return v.passed if t.startswith("perf_") else v.points == v.max_points
 
-    from . import guards, perf
-
-    if not has_sm90a():
-        print(f"step 07 self-test skipped: it needs an H100/H200 (sm_90a), this is {torch.cuda.get_device_name()}")
-        return True
-    step = ROOT / "solutions" / "07_hopper_flash_attention"
-    step06 = ROOT / "solutions" / "06_cuda_flash_attention"
-    solution = step / "ladder" / "student_kernel_solution.cu"
-    ok = True
-    check_sass(solution, include_dirs=[step])                     # the hidden structural check
-    try:
-        check_sass(step06 / "ladder" / "student_kernel_solution.cu", include_dirs=[step06], verbose=False)
-        print("WRONG: step 06's kernel passed step 07's structural check")
-        ok = False
-    except SassCheckError as e:
-        print("step 06's kernel fails the structural check, as it must:", str(e).splitlines()[0])
-    ext = load_cuda_extension("fa07_selftest", [solution, step / "fa_binding.cpp"], arch="sm_90a",
-                              include_dirs=[step])
-
-    def flash_attention_hopper(q, k, v, causal=False, scale=None):
-        validate_inputs(q, k, v, scale)
-        scale = q.shape[-1] ** -0.5 if scale is None else scale
-        return tuple(ext.forward(q, k, v, bool(causal), float(scale)))
-
-    guarded = guards.forbid_framework_attention(flash_attention_hopper)
-    guards.check_no_caching(guarded, "medium", expect_lse=True)
-    check_entry_point(guarded, "ragged", expect_lse=True, dtype=torch.bfloat16)
-    got = perf.perf_points(flash_attention_hopper, "07_hopper_flash_attention", "large", 2, capability=(9, 0))
-    print(f"== step 07 solution: {got:g} perf points, {'as expected' if got > 0 else 'WRONG'}\n", flush=True)
-    return ok and got > 0
+    expect("step 06 solution", J.run_inprocess("06_cuda_flash_attention", entry_point("06", "exercise")), full_marks)
+    if has_sm90a():
+        step07 = ROOT / "solutions" / "07_hopper_flash_attention"
+        files = {"student_kernel.cu": (step07 / "ladder" / "student_kernel_solution.cu").read_bytes()}
+        expect("step 07 solution", J.run_inprocess("07_hopper_flash_attention", entry_point("07", "exercise"),
+                                                   student_files=files, release_dir=step07), full_marks)
+        files06 = {"student_kernel.cu": (ROOT / "solutions" / "06_cuda_flash_attention" / "ladder" /
+                                         "student_kernel_solution.cu").read_bytes()}
+        expect("step 06's kernel for 07", J.run_inprocess("07_hopper_flash_attention", None, ["test_structure"],
+                                                          student_files=files06, release_dir=step07),
+               lambda t, v: v.points == 0 and "HGMMA" in v.message)
+    else:
+        print(f"step 07 skipped: it needs an H100/H200 (sm_90a), this is {torch.cuda.get_device_name()}")
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    env = __import__("autograder.perf", fromlist=["environment"]).environment()
+    (out / "gpu_selftest.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    bad = [r for r in rows if not r["as_expected"]]
+    print(f"\n{len(rows) - len(bad)} of {len(rows)} verdicts as expected on {env.get('gpu')}")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

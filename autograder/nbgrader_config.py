@@ -22,7 +22,7 @@ c.CourseDirectory.feedback_directory = str(WORKSPACE / "feedback")
 c.CourseDirectory.db_url = f"sqlite:///{WORKSPACE / 'gradebook.db'}"
 # Files of an assignment folder that never go to students (build outputs, solution ladders).
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.so", "build",
-                            "ladder", "*.egg-info"]
+                            "ladder", "*.egg-info", "step.toml", "*.pct.py"]
 
 # One cell may run the Triton interpreter over the CPU profile: allow minutes, not nbgrader's 30 s.
 c.Execute.timeout = int(os.environ.get("FACOURSE_CELL_TIMEOUT", "600"))

@@ -1,23 +1,13 @@
-"""Performance grading for the hidden perf cells (steps 05-07). Grading-only: not shipped.
+"""Performance grading's rules (steps 05-07): the thresholds and the machine. Grading-only.
 
-A perf cell ends with ``perf_points(fn, step, config, points)``: nbgrader reads the number the
-cell returns as its partial credit. The function
-
-1. checks the result on ``config`` at full size first (a wrong kernel earns no perf points);
-2. times student and reference with ``facourse.bench_attention`` (same process, same inputs);
-3. refuses a time faster than the GPU can compute (``guards.roofline_verdict``): 0 points;
-4. awards half the points at the ``min`` ratio of thresholds.toml, all at ``target``;
-5. prints one machine-readable line, ``FACOURSE_PERF {json}``, with the numbers, the reference
-   backend and the machine (GPU, driver, torch, Triton, CUDA, cuDNN); the grading report
-   collects these lines from the autograded notebook.
-
-Without a GPU the cell says so, prints the line with ``status: "no GPU"`` and scores 0; so does
-a GPU other than the one the step's kernel is built for (``capability=(9, 0)`` for step 07's sm_90a
-kernel: ``status: "wrong GPU"``).
+A perf cell goes through the judge like every hidden test (``judge.py``): the kernel checks the
+result at full size and times student and reference with ``facourse.bench_attention``; the judge
+decides with these rules: half the points at the ``min`` ratio of thresholds.toml, all at
+``target``; and records the machine a grade was measured on (GPU, driver, torch, Triton, CUDA,
+cuDNN) with every perf record.
 """
 from __future__ import annotations
 
-import json
 import platform
 import shutil
 import subprocess
@@ -25,7 +15,6 @@ import tomllib
 from pathlib import Path
 
 THRESHOLDS = Path(__file__).resolve().parent / "thresholds.toml"
-PERF_TAG = "FACOURSE_PERF "
 
 
 def thresholds(step: str, path: Path = THRESHOLDS) -> dict:
@@ -78,52 +67,3 @@ def environment() -> dict:
     else:
         env["gpu"] = "none"
     return env
-
-
-def emit(record: dict) -> None:
-    """Print the machine-readable line the grading report collects."""
-    print(PERF_TAG + json.dumps(record, sort_keys=True, default=str))
-
-
-def perf_points(fn, step: str, config: str = "large", points: float = 2, dtype=None,
-                expect_lse: bool = True, capability: tuple[int, int] | None = None) -> float:
-    import torch
-
-    from facourse import AttentionCheckError, bench_attention, check_entry_point, get_config, has_gpu
-
-    from .guards import roofline_verdict
-
-    rec = {"step": step, "config": config, "points_max": points, "points": 0.0}
-    if not has_gpu():
-        print(f"No GPU here: performance ({config}) is graded on a GPU machine; this cell scores 0.")
-        emit({**rec, "status": "no GPU", "env": environment()})
-        return 0.0
-    if capability is not None and torch.cuda.get_device_capability() != tuple(capability):
-        cap = torch.cuda.get_device_capability()
-        print(f"This kernel is built for sm_{capability[0]}{capability[1]} and this GPU "
-              f"({torch.cuda.get_device_name()}) is sm_{cap[0]}{cap[1]}: performance ({config}) is graded "
-              f"on an sm_{capability[0]}{capability[1]} GPU; this cell scores 0.")
-        emit({**rec, "status": "wrong GPU", "env": environment()})
-        return 0.0
-    t = thresholds(step)
-    rec.update(min=t["min"], target=t["target"], env=environment())
-    dtype = dtype or torch.float16
-    try:
-        check_entry_point(fn, get_config(config, "cuda"), dtype=dtype, expect_lse=expect_lse)
-    except AttentionCheckError as err:
-        print(f"The result on {config} is wrong, so its speed earns no points:\n{err}")
-        emit({**rec, "status": "wrong result"})
-        return 0.0
-    res = bench_attention(fn, config, backend=t["reference"], dtype=dtype)
-    rec.update(res.as_dict(), summary=res.summary())
-    print(res.summary())
-    flag = roofline_verdict(res.tflops_student, res.gpu)
-    if flag:
-        print(f"Not trusted: {flag}. This cell scores 0; the instructor sees it flagged.")
-        emit({**rec, "status": "flagged", "flag": flag})
-        return 0.0
-    got = points_for(res.ratio, t, points)
-    print(f"thresholds: min {t['min']} (half the points), target {t['target']} (all): "
-          f"{got:g} of {points:g} points")
-    emit({**rec, "status": "measured", "points": got})
-    return got

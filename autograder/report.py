@@ -9,6 +9,7 @@ message), never the source of a hidden test.
 """
 from __future__ import annotations
 
+import csv
 import html
 import json
 import re
@@ -16,7 +17,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from .cli import Result
+from .model import Result
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:70em;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
@@ -155,6 +156,20 @@ def _feedback(msg: str) -> str:
     return out
 
 
+def _flag_table(rows: list[tuple[str | None, dict]]) -> str:
+    """The static scan's and the judge's findings, one row each: (student or None, flag)."""
+    who = any(student is not None for student, _ in rows)
+    body = "".join(
+        "<tr>" + (f"<td>{_e(student)}</td>" if who else "")
+        + f"<td class='{'fail' if f.get('severity') == 'tamper' else 'muted'}'>{_e(f.get('severity', ''))}</td>"
+        f"<td>{_e(f.get('where', ''))}</td><td>{_e(f.get('rule', ''))}</td>"
+        f"<td><code>{_e(str(f.get('line', '')).strip()[:200])}</code></td></tr>" for student, f in rows)
+    return (f"<table><tr>{'<th>student</th>' if who else ''}<th>severity</th><th>where</th><th>rule</th>"
+            f"<th>line</th></tr>{body}</table><p class='muted'>tamper: the judged tests score 0 until an "
+            "instructor clears the flag (<code>autograde --force --trust STUDENT</code>); review: shown, "
+            "no points change.</p>")
+
+
 def write_student_page(student: str, rs: list[Result], path: Path) -> None:
     parts = []
     for r in rs:
@@ -164,7 +179,9 @@ def write_student_page(student: str, rs: list[Result], path: Path) -> None:
             parts.append("<table><tr><th>test</th><th>points</th><th>result</th><th>feedback</th></tr>"
                          + _feedback_rows(r) + "</table>")
         for p in r.perf:
-            parts.append(f"<p>performance: {_e(p.get('summary') or p.get('status', ''))}</p>")
+            parts.append(f"<p>performance: {_e(p.get('summary') or p.get('flag') or p.get('status', ''))}</p>")
+        if r.flags:
+            parts.append("<h3>Flagged for the instructor's review</h3>" + _flag_table([(None, f) for f in r.flags]))
     parts.append("<p class='muted'>Feedback names each failed test and the check's likely cause; "
                  "the hidden tests themselves stay hidden.</p>")
     path.write_text(_page(f"Feedback for {student}", "".join(parts)), encoding="utf-8")
@@ -210,6 +227,10 @@ def write_report(results: list[Result], out: Path, machine: dict | None = None) 
                             f"<td>{_e(_num(p.get('ratio'), 2))}</td><td>{_e(p.get('points', ''))}</td>"
                             f"<td>{_e(p.get('flag') or p.get('status', ''))}</td></tr>" for s, p in perf)
                         + "</table>")
+        flagged = [(r.student, f) for r in rs for f in r.flags]
+        if flagged:
+            body.append(f"<h3>Flagged for review ({len({s for s, _ in flagged})} submission(s))</h3>"
+                        + _flag_table(flagged))
         body.append("<table><tr><th>student</th><th>score</th><th>status</th><th>failed tests</th></tr>")
         for r in rs:
             body.append(f"<tr><td><a href='students/{_e(_slug(r.student))}.html'>{_e(r.student)}</a></td>"
@@ -233,3 +254,66 @@ def _num(x, digits: int = 0) -> str:
 def _grading_machine() -> dict:
     from .perf import environment
     return environment()
+
+
+# ----------------------------------------------------------------------------- text and CSV
+def _headline(msg: str) -> str:
+    """One line of a failure: the check's 'likely cause' when it gave one, else the first line."""
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    cause = [ln for ln in lines if ln.startswith("likely cause:")]
+    line = cause[-1] if cause else (lines[0] if lines else "")
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+# ----------------------------------------------------------------------------- reports
+def write_csv(results: list[Result], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "assignment", "score", "max_score", "manual_pending", "status",
+                    "failed_tests", "seconds", "flags"])
+        for r in results:
+            w.writerow([r.student, r.assignment, f"{r.score:g}", f"{r.max_score:g}",
+                        f"{r.manual_pending:g}", r.status, " ".join(r.failed), f"{r.seconds:.1f}",
+                        " | ".join(f"{f['severity']}: {f['where']}: {f['rule']}" for f in r.flags)])
+
+
+def table(results: list[Result]) -> str:
+    head = ("student", "assignment", "score", "status", "failed tests")
+    rows = [(r.student, r.assignment, f"{r.score:g} / {r.max_score:g}",
+             r.status + (f" ({r.manual_pending:g} pts await manual grading)" if r.manual_pending else ""),
+             ", ".join(r.failed) or "-") for r in results]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+    lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*row) for row in rows]
+    return "\n".join(lines)
+
+
+def summary(results: list[Result], seconds: float | None = None) -> str:
+    graded = [r for r in results if r.status.startswith("graded")]
+    other = [r for r in results if not r.status.startswith("graded")]
+    reused = sum(r.reused for r in results)
+    line = (f"{len(results)} submission(s): {len(graded)} graded, {len(other)} scored 0 without "
+            f"grading (see status)" + (f"; {reused} unchanged since the last run, reused" if reused else ""))
+    if seconds is not None:
+        line += f"; {seconds:.0f} s"
+    return line
+
+
+def print_report(results: list[Result], csv_path: Path, show_messages: bool = True,
+            workspace: Path | None = None, seconds: float | None = None) -> None:
+    write_csv(results, csv_path)
+    print()
+    print(table(results))
+    if show_messages:
+        for r in results:
+            for gid, msg in r.messages.items():
+                print(f"  {r.student}/{r.assignment} {gid}: {_headline(msg)}")
+    print(f"\n{summary(results, seconds)}")
+    print(f"grades written to {csv_path}")
+    if workspace is not None:
+        index = write_report(results, workspace / "report")
+        print(f"report written to {index}")
+
+

@@ -20,13 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import cli
+from . import model, report, workers
 
 A = "01_vanilla_attention"
 
 
 def _solution() -> str:
-    nb = json.loads((cli.SOLUTIONS / A / f"{A}.ipynb").read_text(encoding="utf-8"))
+    nb = json.loads((model.SOLUTIONS / A / f"{A}.ipynb").read_text(encoding="utf-8"))
     for cell in nb["cells"]:
         meta = cell["metadata"].get("nbgrader", {})
         if meta.get("solution") and cell["cell_type"] == "code":
@@ -46,7 +46,7 @@ def _fill(nb: dict, code: str | None) -> dict:
 
 def make_submissions(folder: Path, n: int) -> dict[str, float]:
     """Write ``n`` submissions under ``folder``; returns {student: expected score}."""
-    release = json.loads((cli.EXERCISES / A / f"{A}.ipynb").read_text(encoding="utf-8"))
+    release = json.loads((model.EXERCISES / A / f"{A}.ipynb").read_text(encoding="utf-8"))
     sol = _solution()
     top_left = sol.replace("j > i + (Skv - Sq)", "j > i")
     zeros = ("def vanilla_attention(q, k, v, causal=False, scale=None):\n"
@@ -76,9 +76,9 @@ def main(argv=None) -> int:
         shutil.rmtree(ws)
     expected = make_submissions(tmp / "submitted", args.n)
     t0 = time.perf_counter()
-    results = cli.autograde(tmp / "submitted", ws, jobs=args.jobs, quiet=False)
+    results = workers.autograde(tmp / "submitted", ws, jobs=args.jobs, quiet=False)
     wall = time.perf_counter() - t0
-    cli._report(results, ws / "grades.csv", show_messages=False, workspace=ws, seconds=wall)
+    report.print_report(results, ws / "grades.csv", show_messages=False, workspace=ws, seconds=wall)
     wrong = [(r.student, r.score, expected[r.student]) for r in results if r.score != expected[r.student]]
     per = [r.seconds for r in results]
     print(f"\n{args.n} submissions, --jobs {args.jobs}, {os.cpu_count()} CPU cores: {wall:.0f} s wall "

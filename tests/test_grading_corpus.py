@@ -1,7 +1,10 @@
 """A corpus of bad submissions graded in ONE parallel run: each gets the score its name says.
 
 Built from the step-01 release. Step 01 may use torch.softmax but not PyTorch's attention; its
-hidden tests wrap the entry point in autograder.guards (SDPA forbidden, caching detected).
+hidden tests wrap the entry point in autograder.guards (SDPA forbidden, caching detected) and go
+through the judge (autograder/judge.py). The second half of the corpus is written from the
+attacker's side, by someone who has read every line of the grader: each forgery scores 0 and the
+report names why (TAMPER_REASONS).
 """
 import json
 import time
@@ -9,7 +12,7 @@ import time
 import pytest
 
 from conftest import fill, release_notebook, solution_code
-from autograder import cli
+from autograder import gradebook, report, workers
 
 A = "01_vanilla_attention"
 SOL = solution_code(A)["vanilla_attention"]
@@ -26,6 +29,9 @@ def _wrap(before: str = "", after: str = "") -> str:
             + _fn(f"{before}\no = _solution(q, k, v, causal, scale)\n{after}\nreturn o"))
 
 
+SDPA = _fn("return torch.nn.functional.scaled_dot_product_attention(\n"
+           "    q, k, v, is_causal=causal, scale=scale, enable_gqa=True)")
+
 TESTS = ["test_small", "test_medium", "test_large", "test_noncausal", "test_asymmetric",
          "test_edge_ragged", "test_edge_empty_rows"]
 HIDDEN = TESTS[1:]
@@ -38,15 +44,16 @@ CORPUS = {
     "infinite_loop": ("while True:\n    pass\n" + SOL, 0, "graded"),   # interrupted after 15 s
     "kills_itself": (_fn("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"), 0, "kernel died"),
     "segfault": (_fn("import ctypes\nctypes.memset(0, 1, 64)"), 0, "kernel died"),
-    "sys_exit": (_fn("import sys\nsys.exit(3)"), 0, "graded"),
+    "sys_exit": (_fn("import sys\nsys.exit(3)"), 0, "flagged"),
     "zeros": (_fn("return torch.zeros_like(q)"), 0, "graded"),
     "mean_of_v": (_fn("g = q.shape[1] // k.shape[1]\n"
                       "return v.repeat_interleave(g, 1).mean(2, keepdim=True).expand_as(q).clone()"), 0, "graded"),
-    "calls_sdpa": (_fn("return torch.nn.functional.scaled_dot_product_attention(\n"
-                       "    q, k, v, is_causal=causal, scale=scale, enable_gqa=True)"), 1, "graded"),
+    "calls_sdpa": (SDPA, 0, "graded"),
+    # caught twice: by the caching check of test_medium, and by test_small, whose judged calls come
+    # after the visible ones on the same shapes
     "caches": ("_cache = {}\n" + _wrap("key = (tuple(q.shape), causal, scale)\n"
                                        "if key in _cache:\n    return _cache[key]",
-                                       "_cache[key] = o"), 6, "graded"),
+                                       "_cache[key] = o"), 5, "graded"),
     "mutates_inputs": (_wrap(after="q.mul_(2)"), 0, "graded"),
     "half_output": (_wrap(after="h = q.shape[2] // 2\nout = torch.empty_like(o)\n"
                                 "out[:, :, :h] = o[:, :, :h]\no = out"), 0, "graded"),
@@ -54,11 +61,73 @@ CORPUS = {
     "edited_tests": ("edited", 0, "graded"),
     "not_json": ("this is { not a notebook", 0, "not a notebook"),
     "wrong_name": ("wrong_name", 0, "missing notebook 01_vanilla_attention.ipynb"),
+    # --- forgeries (issue: grades that cannot be forged) -------------------------------------
+    # the three that scored 6/7, 6/7 and 7/7 before the judge
+    "forge_check_zeros": (_fn("return torch.zeros_like(q)") + "\ncheck_entry_point = lambda *a, **k: None",
+                          0, "flagged"),
+    "forge_check_sdpa": (SDPA + "\ncheck_entry_point = lambda *a, **k: None", 0, "flagged"),
+    "forge_import": (_fn("return torch.zeros_like(q)") + """
+import builtins, types
+_real_import = builtins.__import__
+def _fake_import(name, *args, **kwargs):
+    if name.startswith("autograder"):
+        m = types.ModuleType(name)
+        m.judge = m.check_no_caching = lambda *a, **k: None
+        m.forbid_framework_attention = lambda f, **k: f
+        return m
+    return _real_import(name, *args, **kwargs)
+builtins.__import__ = _fake_import""", 0, "flagged"),
+    # a library patch that returns plausible objects: the kernel-side client and check say "passed"
+    "forge_library": (_fn("return torch.zeros_like(q)") + """
+import autograder.judge_client as _jc, facourse.check as _fc
+_jc.judge = lambda test, fn: print(f"judge: {test}: 1 of 1 point(s)")
+_fc.check_attention = lambda o, *a, **k: _fc.CheckReport("small", 0.0, 1e-3, 0.0, 0.0)""", 0, "flagged"),
+    "forge_sys_exit": (SOL + "\nimport sys\nsys.exit(0)", 0, "flagged"),
+    "forge_os_exit": (SOL + "\nimport os\nos._exit(0)", 0, "kernel died"),
+    # after each call, a thread fills the returned zeros with SDPA's answer (outside the guard's thread)
+    "forge_thread": (_fn("o = torch.zeros_like(q)\n"
+                         "threading.Thread(target=lambda: o.copy_(torch.nn.functional.scaled_dot_product_attention(\n"
+                         "    q, k, v, is_causal=causal, scale=scale, enable_gqa=True))).start()\n"
+                         "import time; time.sleep(0.05)\nreturn o") + "\nimport threading", 0, "flagged"),
+    "forge_atexit": (_fn("return torch.zeros_like(q)") + """
+import atexit, json, glob
+def _rewrite():
+    for p in glob.glob("*.ipynb"):
+        nb = json.load(open(p))
+        for c in nb["cells"]:
+            c["outputs"] = []
+        json.dump(nb, open(p, "w"))
+atexit.register(_rewrite)""", 0, "flagged"),
+    # a forged judge record: the solution's own connection claims every test with SDPA's answers
+    "forge_record": (SDPA + """
+import os, socket, json, struct
+_s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+_s.connect(os.environ["FACOURSE_" + "JUDGE"])
+_h = json.dumps({"op": "call", "test": "test_large", "check": 0, "n": 0, "result": {"v": None},
+                 "blob_sizes": []}).encode()
+_s.sendall(struct.pack("!IQ", len(_h), 0) + _h)""", 0, "flagged"),
+    # a torch function the check relies on, patched in the kernel
+    "forge_torch": (_fn("return torch.zeros_like(q)") + "\ntorch.isfinite = lambda x: torch.ones_like(x, dtype=torch.bool)"
+                    "\ntorch.Tensor.amax = lambda self, *a, **k: torch.tensor(0.0)", 0, "flagged"),
+}
+
+# the reason the report must give for each forgery (in a failed test's message or in the status)
+TAMPER_REASONS = {
+    "forge_check_zeros": "rebinds check_entry_point",
+    "forge_check_sdpa": "scaled_dot_product_attention",
+    "forge_import": "builtins",
+    "forge_library": "monkeypatching",
+    "forge_sys_exit": "sys.exit",
+    "forge_os_exit": "kernel died",
+    "forge_thread": "imports threading",
+    "forge_atexit": "imports atexit",
+    "forge_record": "imports socket",
+    "forge_torch": "monkeypatching",
 }
 
 # the cause a failed test's message names, for the cheats the guards catch
 MESSAGES = {
-    "calls_sdpa": ("test_medium", "scaled_dot_product_attention"),
+    "calls_sdpa": ("test_small", "scaled_dot_product_attention"),
     "caches": ("test_medium", "cached or precomputed"),
     "mutates_inputs": ("test_small", "was modified by the call"),
     "half_output": ("test_small", "NaN or inf"),
@@ -101,7 +170,7 @@ def test_bad_submission_corpus_in_one_parallel_run(tmp_path, capsys):
     t0 = time.perf_counter()
     # 15 s per cell: the infinite loop is interrupted, the notebook goes on (and fails its tests);
     # the per-notebook limit (--timeout) is tested in test_autograder.py
-    results = cli.autograde(subs, ws, timeout=300, cell_timeout=15, jobs=2, quiet=True)
+    results = workers.autograde(subs, ws, timeout=300, cell_timeout=15, jobs=2, quiet=True)
     seconds = time.perf_counter() - t0
     res = {r.student: r for r in results}
     assert set(res) == set(CORPUS)
@@ -111,8 +180,8 @@ def test_bad_submission_corpus_in_one_parallel_run(tmp_path, capsys):
     for s, (_, _, says) in CORPUS.items():
         assert says in res[s].status, (s, res[s].status)
         assert res[s].max_score == 7, (s, res[s].max_score)
-    assert set(res["calls_sdpa"].failed) == set(HIDDEN)
-    assert res["caches"].failed == ["test_medium"]
+    assert set(res["calls_sdpa"].failed) == set(TESTS)
+    assert res["caches"].failed == ["test_small", "test_medium"]
     for s, (gid, text) in MESSAGES.items():
         assert text in res[s].messages.get(gid, ""), (s, res[s].messages)
     assert set(res["infinite_loop"].failed) == set(TESTS)
@@ -120,11 +189,17 @@ def test_bad_submission_corpus_in_one_parallel_run(tmp_path, capsys):
     assert "CellTimeoutError" in log or "KeyboardInterrupt" in log
 
     # the shared gradebook holds every submission with the same scores, and nothing is left running
-    exported = {r.student: r.score for r in cli.export(ws)}
+    for s, why in TAMPER_REASONS.items():
+        said = res[s].status + " " + " ".join(res[s].messages.values())
+        assert why in said, (s, res[s].status, res[s].messages)
+    # the judge rejected the forged record itself, besides the scan
+    assert any(f["where"] == "judge" for f in res["forge_record"].flags), res["forge_record"].flags
+    # the report shows each flag with its line, on the student's page and the class page
+    exported = {r.student: r.score for r in gradebook.export(ws)}
     assert exported == {s: res[s].score for s in CORPUS}
     assert not list((ws / "work").glob("*__*")), "a private workspace was left behind"
     # the report: CSV row per submission, class page, one page per student, plots as files
-    cli._report(results, ws / "grades.csv", workspace=ws, seconds=seconds)
+    report.print_report(results, ws / "grades.csv", workspace=ws, seconds=seconds)
     out = capsys.readouterr().out
     assert f"{len(CORPUS)} submission(s)" in out and "report written to" in out
     assert len((ws / "grades.csv").read_text().splitlines()) == len(CORPUS) + 1
@@ -134,4 +209,7 @@ def test_bad_submission_corpus_in_one_parallel_run(tmp_path, capsys):
     page = (ws / "report" / "students" / "caches.html").read_text()
     assert "cached or precomputed" in page and "BEGIN HIDDEN" not in page
     assert "check_no_caching" not in page and "forbid_framework_attention" not in page
+    page = (ws / "report" / "students" / "forge_check_zeros.html").read_text()
+    assert "rebinds check_entry_point" in page and "check_entry_point = lambda" in page
+    assert "forge_check_zeros" in index and "tamper" in index
     print(f"corpus of {len(CORPUS)} graded in {seconds:.0f} s with --jobs 2")

@@ -1,0 +1,97 @@
+"""The checks a hidden test runs, by name: the same code on both sides of the judge.
+
+In the kernel (``autograder.judge_client``) each check runs under ``facourse.check.collecting()``
+with the student's entry point wrapped in a recorder: it draws the inputs from the judge's seed
+and calls the function exactly as the check always does, but verifies nothing. In the judge
+(``autograder.judge``) the same check runs again on inputs regenerated from the same seed, with a
+stand-in function that hands back the recorded outputs call by call; there it verifies, with the
+course's one rule, and its message is the student's feedback. So the diagnosis is the one a
+student gets from ``facourse`` while working, and no student code takes part in it.
+
+Every check takes ``fn`` and keyword arguments only: ``seed`` and ``device`` from the judge, the
+rest from the step's plan (``autograder/plans.py``), JSON values (dtypes as names).
+"""
+from __future__ import annotations
+
+import torch
+
+from facourse import (AttnConfig, check_all, check_attention, check_entry_point, check_merge_fn,
+                      check_softmax_fn, get_config, make_inputs)
+from facourse.check import is_collecting
+
+from .guards import check_no_caching
+
+
+def dtype_of(name):
+    return None if name is None else getattr(torch, name)
+
+
+def entry_point(fn, *, seed, device, config, dtype=None, **kw):
+    check_entry_point(fn, config, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
+
+
+def no_caching(fn, *, seed, device, config, dtype=None, **kw):
+    check_no_caching(fn, config, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
+
+
+def all_configs(fn, *, seed, device, dtypes, **kw):
+    check_all(fn, seed=seed, device=device, dtypes=tuple(dtype_of(d) for d in dtypes), **kw)
+
+
+def softmax(fn, *, seed, device, case, dtype=None, block_size=None):
+    check_softmax_fn(fn, case, seed=seed, device=device, dtype=dtype_of(dtype), block_size=block_size)
+
+
+def merge(fn, *, seed, device, case):
+    check_merge_fn(fn, case, seed=seed, device=device)
+
+
+def padded_strides(fn, *, seed, device, config="ragged"):
+    """Inputs whose rows are 2·D apart with NaN in the gap: a kernel that assumes contiguity reads NaN."""
+    cfg = get_config(config, device)
+    q, k, v = (torch.cat([t, torch.full_like(t, float("nan"))], dim=-1)[..., :cfg.D]
+               for t in make_inputs(cfg, seed, device, layout="bhsd"))
+    o, lse = fn(q, k, v, causal=cfg.causal)
+    check_attention(o, q, k, v, cfg.causal, lse=lse, config=f"{cfg.name}, row stride 2*D", seed=seed)
+
+
+TILE_SKIP = AttnConfig("tile_skip", 1, 4, 2, 256, 256, 32, True)
+
+
+def tile_skipping(fn, *, seed, device, blocks=((64, 64), (32, 64), (64, 32))):
+    """Causal tiles entirely above the diagonal are skipped: the matmul FLOPs of each call (counted
+    with PyTorch's FLOP counter where the function ran, reported as ``fn.last_flops``) must be
+    those of an FA2 loop that stops at the diagonal."""
+    cfg = TILE_SKIP
+    q, k, v = make_inputs(cfg, seed, device, layout="bshd")
+    for bm, bn in blocks:
+        o, lse = fn(q, k, v, causal=True, block_m=bm, block_n=bn)
+        check_attention(o, q, k, v, True, lse=lse, config=f"tile_skip, block_m={bm}, block_n={bn}", seed=seed)
+        if is_collecting():
+            continue
+        # FA2 with tile skipping: Q tile [i0, i1) multiplies keys 0 .. (its visible key tiles) * block_n
+        need = sum(4 * cfg.B * cfg.Hq * cfg.D * (min(i0 + bm, cfg.Sq) - i0)
+                   * min(cfg.Skv, -(-min(i0 + bm, cfg.Sq) // bn) * bn) for i0 in range(0, cfg.Sq, bm))
+        full = 4 * cfg.B * cfg.Hq * cfg.D * cfg.Sq * cfg.Skv
+        got = float(getattr(fn, "last_flops", None) or 0)
+        print(f"block_m={bm}, block_n={bn}: matmul FLOPs {got:.3g}; skipping needs {need:.3g}, all tiles {full:.3g}")
+        if got < 0.5 * need:
+            raise AssertionError(
+                f"[tile_skip] the FLOP counter saw only {got:.3g} matmul FLOPs of the {need:.3g} a causal FA2 "
+                "loop needs: compute S = Q K^T and P V with torch.matmul (or @) so that this test can count them")
+        if got > 1.1 * need:
+            raise AssertionError(
+                f"[tile_skip] your matmuls did {got / full:.0%} of the work of all tiles, where skipping the tiles "
+                f"entirely above the diagonal needs {need / full:.0%}.\n  likely cause: key tiles above the "
+                "causal diagonal are computed and then masked; stop the inner loop at min(Skv, i1 + Skv - Sq) and "
+                "mask elements only in the tiles the diagonal crosses")
+
+
+def perf_correctness(fn, *, seed, device, config, dtype="float16", **kw):
+    """The correctness half of a perf test: the result at the timed configuration's full size."""
+    check_entry_point(fn, get_config(config, device), seed=seed, device=device, dtype=dtype_of(dtype),
+                      expect_lse=True, **kw)
+
+
+CHECKS = {f.__name__: f for f in (entry_point, no_caching, all_configs, softmax, merge, padded_strides,
+                                  tile_skipping, perf_correctness)}

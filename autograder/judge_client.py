@@ -1,0 +1,193 @@
+"""The kernel's side of the judge: what a hidden cell calls. Grading only; never shipped.
+
+    from autograder.judge_client import judge
+    judge("test_large", tiled_attention)
+
+This runs in the student's kernel, where every line can be changed by the student's code, so it
+decides nothing. It asks the judge (``FACOURSE_JUDGE``: a Unix socket the grading process owns)
+which checks the test runs, with which secret seeds; runs each check exactly as ``facourse``
+always does, but only collecting (``facourse.check.collecting``): every call of the entry point
+is recorded and its outputs sent, as they are, to the judge; then it asks for the verdict and
+prints it. The judge regenerates the inputs, replays the outputs through the same check and
+decides the points (``autograder/judge.py``). A cell that fails raises, so the notebook shows
+the same message the grade report does.
+
+Without a judge (the solution notebook run by hand, or a test of this repository), ``judge``
+runs the same checks locally and verifies them here, and says so.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import socket
+
+import torch
+
+from facourse.check import collecting
+
+from . import wire
+from .checks import CHECKS
+
+ENV = "FACOURSE_JUDGE"
+
+
+class JudgeFailure(AssertionError):
+    """The judge did not award this test its points; the message says why."""
+
+
+class _Conn:
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+
+    def ask(self, header: dict, blobs=()) -> dict:
+        wire.send(self.sock, header, list(blobs))
+        reply, _ = wire.recv(self.sock)
+        return reply
+
+    def close(self):
+        self.sock.close()
+
+
+class Recorder:
+    """The entry point as the check calls it: every call's outputs (or error) go to the judge."""
+
+    def __init__(self, conn, test: str, index: int, fn, count_flops: bool):
+        self.conn, self.test, self.index, self.fn, self.count_flops = conn, test, index, fn, count_flops
+        self.n = 0
+        self.raised = False
+        self.kept = []              # (returned tensors, their values when returned)
+        self.last_flops = None
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        n, self.n = self.n, self.n + 1
+        header = {"op": "call", "test": self.test, "check": self.index, "n": n}
+        try:
+            if self.count_flops:
+                from torch.utils.flop_counter import FlopCounterMode
+                with FlopCounterMode(display=False) as counter:
+                    result = self.fn(*args, **kwargs)
+                self.last_flops = counter.get_total_flops()
+                header["flops"] = int(self.last_flops)
+            else:
+                result = self.fn(*args, **kwargs)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        except BaseException as err:
+            self.raised = True
+            self.conn.ask({**header, "error": {"type": type(err).__name__, "message": str(err)}})
+            raise
+        blobs: list[bytes] = []
+        header["result"] = wire.encode(result, blobs)
+        self.conn.ask(header, blobs)
+        tensors = [t for t in (result if isinstance(result, (tuple, list)) else (result,))
+                   if isinstance(t, torch.Tensor)]
+        self.kept.append([(t, t.detach().clone()) for t in tensors])
+        return result
+
+    def changed(self) -> str | None:
+        """A returned output that changed after it was returned (one buffer handed out twice)."""
+        for i, pairs in enumerate(self.kept):
+            for t, snap in pairs:
+                if t.shape != snap.shape or not torch.equal(t.detach().nan_to_num(), snap.nan_to_num()):
+                    return (f"[anti-cheat] the output returned by call {i + 1} changed during later calls.\n"
+                            "  likely cause: the function returns the same output buffer every call; "
+                            "allocate a new output tensor per call")
+        return None
+
+
+def _wrap(fn, spec: dict):
+    if spec.get("bind"):
+        fn = functools.partial(fn, **spec["bind"])
+    if spec.get("guard") is not None:
+        from .guards import forbid_framework_attention
+        fn = forbid_framework_attention(fn, **spec["guard"])
+    return fn
+
+
+def _measure(fn, perf: dict, conn, test: str) -> None:
+    """Time ``fn`` against the step's reference with the course's bench and report the numbers."""
+    from facourse import bench_attention
+
+    from .perf import environment, thresholds
+
+    try:
+        res = bench_attention(fn, perf["config"], backend=thresholds(perf["step"])["reference"],
+                              dtype=torch.float16)
+        record = {**res.as_dict(), "env": environment()}
+        print(res.summary())
+    except Exception as err:            # reported; the judge gives no perf points without numbers
+        record = {"error": f"{type(err).__name__}: {err}"}
+    conn.ask({"op": "perf", "test": test, "record": record})
+
+
+def judge(test: str, fn) -> None:
+    """Run hidden test ``test`` on entry point ``fn`` through the judge (see module doc)."""
+    path = os.environ.get(ENV)
+    if not path:
+        return _local(test, fn)
+    conn = _Conn(path)
+    try:
+        opened = conn.ask({"op": "open", "test": test})
+        if "error" in opened:
+            raise JudgeFailure(opened["error"])
+        for i, spec in enumerate(opened.get("calls", [])):
+            rec = Recorder(conn, test, i, _wrap(fn, spec), spec.get("count_flops", False))
+            try:
+                with collecting():
+                    CHECKS[spec["check"]](rec, seed=spec["seed"], device=opened["device"], **spec["kwargs"])
+            except Exception as err:
+                if not rec.raised:      # the check itself stopped (a mutated input, a wrong type)
+                    conn.ask({"op": "kernel_error", "test": test, "check": i,
+                              "message": f"{type(err).__name__}: {err}"})
+                break
+            moved = rec.changed()
+            if moved:
+                conn.ask({"op": "kernel_error", "test": test, "check": i, "message": moved})
+                break
+            if spec.get("perf"):
+                _measure(fn, spec["perf"], conn, test)
+        verdict = conn.ask({"op": "close", "test": test})
+    finally:
+        conn.close()
+    for line in verdict.get("output", []):
+        print(line)
+    print(f"judge: {test}: {verdict.get('points', 0):g} of {verdict.get('max_points', 0):g} point(s)")
+    if not verdict.get("passed"):
+        raise JudgeFailure(verdict.get("message") or f"{test} failed")
+
+
+def _local(test: str, fn) -> None:
+    """No judge: run the test's checks here, verifying (for instructors and the course's tests)."""
+    import json
+    from pathlib import Path
+
+    from .plans import plan_of
+
+    assignment = Path.cwd().name
+    plan = plan_of(assignment)[test]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if plan.sass or plan.perf or (plan.needs and device == "cpu"):
+        print(f"{test}: graded by `python -m autograder autograde` (no judge here); not run")
+        return
+    for check in plan.checks:
+        spec = {"bind": check.bind, "guard": plan.guard}
+        f = _wrap(fn, spec)
+        if plan.count_flops:
+            f = _FlopCounting(f)
+        CHECKS[check.name](f, seed=secrets.randbits(31), device=device, **json.loads(json.dumps(check.kwargs)))
+    print(f"{test}: passed (checked here; no judge)")
+
+
+class _FlopCounting:
+    def __init__(self, fn):
+        self.fn, self.last_flops = fn, None
+
+    def __call__(self, *args, **kwargs):
+        from torch.utils.flop_counter import FlopCounterMode
+        with FlopCounterMode(display=False) as counter:
+            out = self.fn(*args, **kwargs)
+        self.last_flops = counter.get_total_flops()
+        return out

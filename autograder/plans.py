@@ -1,0 +1,184 @@
+"""What each graded cell is judged on: the judge's side of the hidden tests.
+
+A hidden cell only says ``judge("test_large", tiled_attention)``; what that test checks lives
+here, where the kernel cannot change it. Each test is a list of checks (``autograder/checks.py``,
+by name, with their keyword arguments; the judge adds a fresh secret seed to each), plus:
+
+* ``guard``: the entry point runs inside ``forbid_framework_attention`` (in the kernel: its
+  finding is evidence the judge receives); ``{"allow_softmax": True}`` for step 01; None for the
+  softmax steps, whose functions are not attention;
+* ``needs``: ``"gpu"`` (sm_80+) or ``"sm90a"``: without it the test scores 0 and says why;
+* ``bind``: keyword arguments bound to the entry point for one check (block sizes of step 04);
+* ``count_flops``: the kernel reports each call's matmul FLOPs (step 04's tile skipping);
+* ``perf``: a timing cell: the check is the correctness half, the kernel's timing is the other;
+* ``sass``: the judge compiles the submitted ``student_kernel.cu`` itself and reads its SASS.
+
+A test passes when every check passes in the judge; a perf test then earns what
+``thresholds.toml`` gives its measured ratio. Tests are all-or-nothing otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    kwargs: dict = field(default_factory=dict)
+    bind: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Test:
+    checks: tuple = ()
+    guard: dict | None = None
+    needs: str | None = None
+    count_flops: bool = False
+    perf: dict | None = None
+    sass: bool = False
+
+
+def _attn(*configs, **kw) -> tuple:
+    return tuple(Check("entry_point", {"config": c, **kw}) for c in configs)
+
+
+def _attention_step(expect_lse: bool, guard: dict, needs: str | None = None) -> dict[str, Test]:
+    """The tests every attention step shares: the five configurations and the edge cases."""
+    lse = {"expect_lse": True} if expect_lse else {}
+
+    def t(*checks, **kw):
+        return Test(tuple(checks), guard=guard, needs=needs, **kw)
+
+    return {
+        "test_small": t(*_attn("small", **lse), Check("entry_point", {"config": "small", "scale": 0.05, **lse})),
+        "test_medium": t(Check("no_caching", {"config": "medium", **lse})),
+        "test_large": t(*_attn("large", **lse)),
+        "test_noncausal": t(*_attn("noncausal", **lse)),
+        "test_asymmetric": t(*_attn("asymmetric", **lse)),
+        "test_edge_ragged": t(*_attn("ragged", "ragged_noncausal", **lse)),
+        "test_edge_empty_rows": t(*_attn("empty_rows", **lse)),
+    }
+
+
+def _perf(step: str, capability=None, needs="gpu") -> dict[str, Test]:
+    return {f"perf_{c}": Test((Check("perf_correctness", {"config": c}),), guard=None, needs=needs,
+                              perf={"step": step, "config": c, "capability": capability})
+            for c in ("large", "long")}
+
+
+def _step01() -> dict[str, Test]:
+    return _attention_step(False, {"allow_softmax": True})
+
+
+def _step02() -> dict[str, Test]:
+    def sm(*cases):
+        return Test(tuple(Check("softmax", c if isinstance(c, dict) else {"case": c}) for c in cases))
+
+    return {
+        "test_small": sm("small"),
+        "test_configs": sm("medium", "large", "noncausal", "asymmetric"),
+        "test_ragged": sm("ragged"),
+        "test_overflow": sm("overflow", {"case": "overflow", "dtype": "float16"}),
+        "test_masked": sm("masked"),
+        "test_all_masked": sm("all_masked"),
+        "test_half": sm("half", {"case": "small", "dtype": "float16"}),
+        "test_other_dims": sm("other_dims"),
+    }
+
+
+def _step03() -> dict[str, Test]:
+    def online(*cases):
+        return Test(tuple(Check("softmax", {"case": c, "block_size": b, **({"dtype": d} if d else {})})
+                          for c, b, d in cases))
+
+    def merge(case):
+        return Test((Check("merge", {"case": case}),))
+
+    return {
+        "test_merge_random": merge("random"),
+        "test_small": online(("small", 32, None)),
+        "test_merge_empty": merge("empty"),
+        "test_merge_large": merge("large"),
+        "test_merge_chain": merge("chain"),
+        "test_configs": online(("medium", 64, None), ("large", 128, None), ("noncausal", 64, None),
+                               ("asymmetric", 256, None)),
+        "test_ragged": online(("ragged", 16, None), ("ragged", 64, None), ("ragged", 100, None)),
+        "test_overflow": online(("overflow", 64, None), ("overflow", 32, "float16")),
+        "test_masked": online(("masked", 50, None), ("masked", 128, None), ("all_masked", 64, None)),
+        "test_half": online(("half", 64, None), ("small", 16, "float16")),
+    }
+
+
+def _step04() -> dict[str, Test]:
+    guard = {"allow_softmax": False}
+    lse = {"expect_lse": True}
+    tests = _attention_step(True, guard)
+    tests.update({
+        "test_edge_decode": Test(_attn("decode", **lse), guard=guard),
+        "test_edge_d64": Test(_attn("d64", **lse), guard=guard),
+        "test_edge_mqa": Test(_attn("mqa", **lse), guard=guard),
+        "test_edge_overflow": Test(_attn("overflow", **lse), guard=guard),
+        "test_edge_strides": Test((Check("entry_point", {"config": "small", "layout": "bhsd", **lse}),
+                                   Check("padded_strides", {"config": "ragged"})), guard=guard),
+        "test_block_sizes": Test(tuple(Check("entry_point", {"config": c, **lse}, bind={"block_m": bm, "block_n": bn})
+                                       for bm, bn in ((16, 32), (64, 64), (128, 16)) for c in ("ragged", "empty_rows")),
+                                 guard=guard),
+        "test_tile_skipping": Test((Check("tile_skipping"),), guard=guard, count_flops=True),
+    })
+    return tests
+
+
+def _step05() -> dict[str, Test]:
+    guard = {"allow_softmax": False}
+    lse = {"expect_lse": True}
+    tests = _attention_step(True, guard)
+    tests.update({
+        "test_edge_decode": Test(_attn("decode", **lse), guard=guard),
+        "test_edge_d64_mqa": Test(_attn("d64", "mqa", **lse), guard=guard),
+        "test_edge_overflow": Test(_attn("overflow", **lse), guard=guard),
+        **_perf("05_triton_flash_attention"),
+    })
+    return tests
+
+
+def _cuda_step(step: str, needs: str, capability) -> dict[str, Test]:
+    guard = {"allow_softmax": False}
+    lse = {"expect_lse": True}
+    tests = _attention_step(True, guard, needs=needs)
+    tests["test_edge_other"] = Test(_attn("decode", "d64", "mqa", "overflow", **lse), guard=guard, needs=needs)
+    tests.update(_perf(step, capability, needs))
+    return tests
+
+
+def _step06() -> dict[str, Test]:
+    tests = _cuda_step("06_cuda_flash_attention", "gpu", None)
+    tests["test_bf16"] = Test(_attn("medium", "ragged", "empty_rows", expect_lse=True, dtype="bfloat16"),
+                              guard={"allow_softmax": False}, needs="gpu")
+    return tests
+
+
+def _step07() -> dict[str, Test]:
+    tests = _cuda_step("07_hopper_flash_attention", "sm90a", [9, 0])
+    tests["test_bf16"] = Test((Check("all_configs", {"dtypes": ["bfloat16"], "expect_lse": True}),),
+                              guard={"allow_softmax": False}, needs="sm90a")
+    tests["test_structure"] = Test(sass=True)
+    return tests
+
+
+PLANS = {
+    "01_vanilla_attention": _step01,
+    "02_safe_softmax": _step02,
+    "03_online_softmax": _step03,
+    "04_tiled_attention": _step04,
+    "05_triton_flash_attention": _step05,
+    "06_cuda_flash_attention": _step06,
+    "07_hopper_flash_attention": _step07,
+}
+
+
+def plan_of(assignment: str) -> dict[str, Test]:
+    """The judge's plan of ``assignment``: grade_id -> Test."""
+    try:
+        return PLANS[assignment]()
+    except KeyError:
+        raise KeyError(f"no judge plan for {assignment!r}: add one to autograder/plans.py") from None

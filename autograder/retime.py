@@ -1,0 +1,88 @@
+"""`python -m autograder retime SUBMISSIONS STUDENT ASSIGNMENT`: re-time one submission by hand.
+
+For an instructor who doubts a perf grade. In a fresh process on this GPU it runs the student's own
+code cells (not the test cells), then times the entry point on the graded perf configurations two
+ways: with the course's bench against the step's reference (what the perf cell reports), and
+from the GPU's own record of the kernels it ran (PyTorch's profiler, CUPTI activity timestamps),
+so a timing that Python code rewrote shows up as a disagreement. It prints both and exits 0. For
+timing entirely outside the student's process, run the same command under NVIDIA Nsight Systems
+(``nsys profile --stats=true python -m autograder retime ...``) and read its kernel table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .model import EXERCISES, GradingError
+from .plans import plan_of
+from .scan import _student_cells
+
+ENTRY_POINTS = {"05_triton_flash_attention": "flash_attention_triton",
+                "06_cuda_flash_attention": "flash_attention_cuda",
+                "07_hopper_flash_attention": "flash_attention_hopper"}
+
+
+def _given_and_student_cells(nb: dict) -> list[str]:
+    """Every code cell but the tests: the given set-up cells and the student's own."""
+    out = []
+    for cell in nb.get("cells", []):
+        meta = (cell.get("metadata") or {}).get("nbgrader") or {}
+        if cell.get("cell_type") != "code" or (meta.get("grade") and not meta.get("solution")):
+            continue
+        src = cell.get("source", "")
+        out.append("".join(src) if isinstance(src, list) else src)
+    return out
+
+
+def retime(folder: Path, assignment: str) -> int:
+    import torch
+
+    from facourse import bench_attention, get_config
+
+    from .perf import thresholds
+
+    if not torch.cuda.is_available():
+        raise GradingError("retime needs a GPU")
+    if assignment not in ENTRY_POINTS:
+        raise GradingError(f"{assignment} has no perf tests; retime applies to {', '.join(ENTRY_POINTS)}")
+    nbs = sorted(folder.glob("*.ipynb"))
+    if not nbs:
+        raise GradingError(f"no notebook in {folder}")
+    work = Path(tempfile.mkdtemp(prefix="retime_")) / assignment
+    shutil.copytree(EXERCISES / assignment, work)              # the given files...
+    for p in folder.iterdir():                                  # ...and what the student submitted
+        if p.is_file():
+            shutil.copy2(p, work / p.name)
+    nb = json.loads(nbs[0].read_text(encoding="utf-8"))
+    print(f"{len(_student_cells(nb))} student cell(s); running the notebook's code cells (no test cell)")
+    ns: dict = {}
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        for src in _given_and_student_cells(nb):
+            exec(compile("\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!"))),
+                         "<cell>", "exec"), ns)
+    finally:
+        os.chdir(cwd)
+    fn = ns[ENTRY_POINTS[assignment]]
+    backend = thresholds(assignment)["reference"]
+    configs = [t.perf["config"] for t in plan_of(assignment).values() if t.perf]
+    for name in configs:
+        res = bench_attention(fn, name, backend=backend, dtype=torch.float16)
+        cfg = get_config(name, "cuda")
+        from facourse import make_inputs
+        q, k, v = make_inputs(cfg, 0, "cuda", torch.float16, "bshd")
+        fn(q, k, v, causal=cfg.causal)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fn(q, k, v, causal=cfg.causal)
+            torch.cuda.synchronize()
+        gpu_us = sum(e.device_time_total for e in prof.key_averages()) / 5
+        print(f"{name}: bench {res.t_student_ms:.3f} ms ({res.tflops_student:.0f} TFLOP/s), reference "
+              f"{backend} {res.t_ref_ms:.3f} ms, ratio {res.ratio:.2f}x; the GPU's own kernel record: "
+              f"{gpu_us / 1000:.3f} ms of kernels per call ({cfg.flops / (gpu_us * 1e-6) / 1e12:.0f} TFLOP/s)")
+    return 0

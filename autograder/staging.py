@@ -1,0 +1,148 @@
+"""Staging: the release a submission is graded against, and the submission's own copy.
+
+nbgrader runs with the course's configuration (``nbgrader_config.py``) in a private workspace;
+the original submission files are never modified.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from .model import EXERCISES, HERE, ROOT, GradingError, assignments, notebooks_of
+
+
+def nbgrader_env(workspace: Path, **extra) -> dict:
+    env = dict(os.environ)
+    # nbgrader shells out to `alembic`: the interpreter's bin/ must be on PATH.
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["FACOURSE_WORKSPACE"] = str(workspace)
+    # Hidden tests import grading helpers (autograder.perf, autograder.guards) from the repository.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_nbgrader(args: list[str], workspace: Path, timeout: float | None = None, **extra):
+    """Run one nbgrader command in its own process, with the course's nbgrader_config.py."""
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    return subprocess.run(cmd, cwd=HERE, env=nbgrader_env(workspace, **extra), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- release
+def release(selected: list[str] | None, workspace: Path, release_dir: Path | None = None,
+            quiet: bool = False) -> None:
+    """Regenerate the student version of each assignment (and record it in the gradebook)."""
+    todo = selected or assignments()
+    unknown = sorted(set(todo) - set(assignments()))
+    if unknown:
+        raise GradingError(f"no assignment {', '.join(unknown)} in solutions/; known: {', '.join(assignments())}")
+    workspace.mkdir(parents=True, exist_ok=True)
+    extra = {"FACOURSE_RELEASE": str(release_dir)} if release_dir else {}
+    for a in todo:
+        r = run_nbgrader(["generate_assignment", a, "--force"], workspace, **extra)
+        if r.returncode != 0:
+            raise GradingError(f"nbgrader generate_assignment {a} failed:\n{r.stdout}\n{r.stderr}")
+        if not quiet:
+            print(f"released {a} -> {(release_dir or EXERCISES) / a}")
+
+
+# ----------------------------------------------------------------------------- staging
+def discover(submissions: Path, selected: list[str] | None) -> list[tuple[str, str]]:
+    if not submissions.exists():
+        raise GradingError(f"submission folder {submissions} does not exist")
+    if not submissions.is_dir():
+        raise GradingError(f"{submissions} is a file; expected a folder laid out as "
+                           "<student>/<assignment>/<notebook>.ipynb")
+    known = set(assignments())
+    pairs = []
+    for student in sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for a in sorted(p.name for p in student.iterdir() if p.is_dir()):
+            if a in known and (not selected or a in selected):
+                pairs.append((student.name, a))
+    if not pairs:
+        raise GradingError(f"no submissions found under {submissions}: expected "
+                           f"<student>/<assignment>/<notebook>.ipynb with an assignment among "
+                           f"{', '.join(sorted(known))}")
+    return pairs
+
+
+def precheck(folder: Path, assignment: str) -> str | None:
+    """Problems nbgrader would crash on, stated plainly; None when the folder is gradable."""
+    expected = notebooks_of(assignment)
+    present = sorted(p.name for p in folder.glob("*.ipynb"))
+    if not any(f"{nb}.ipynb" in present for nb in expected):
+        return (f"missing notebook {', '.join(n + '.ipynb' for n in expected)} "
+                f"(found: {', '.join(present) or 'no notebook'})")
+    for nb in expected:
+        path = folder / f"{nb}.ipynb"
+        if not path.exists():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            return f"{nb}.ipynb is not a notebook (not valid JSON: {e})"
+        if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+            return f"{nb}.ipynb is not a notebook (JSON without a list of cells)"
+    return None
+
+
+def grade_id(cell) -> str | None:
+    return (cell.get("metadata") or {}).get("nbgrader", {}).get("grade_id")
+
+
+def restore_deleted_cells(path: Path, assignment: str, release_dir: Path = EXERCISES) -> list[str]:
+    """Put back graded and locked cells a student deleted, from the release, at their place.
+
+    nbgrader's own ``add_missing_cells`` fails when the cell before a deleted one is a plain
+    locked cell; doing it here keeps every test running. Returns the restored grade_ids.
+    """
+    release_nb = json.loads((release_dir / assignment / path.name).read_text(encoding="utf-8"))
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    present = {grade_id(c) for c in nb["cells"]} - {None}
+    restored = []
+    for i, cell in enumerate(release_nb["cells"]):
+        g = grade_id(cell)
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if g is None or g in present or not (meta.get("grade") or meta.get("locked") or meta.get("solution")):
+            continue
+        at = 0      # after the nearest earlier release cell that the submission still has
+        for prev in reversed(release_nb["cells"][:i]):
+            if grade_id(prev) in present:
+                at = next(j for j, c in enumerate(nb["cells"]) if grade_id(c) == grade_id(prev)) + 1
+                break
+        nb["cells"].insert(at, cell)
+        present.add(g)
+        restored.append(g)
+    if restored:
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False), encoding="utf-8")
+    return restored
+
+
+def stage(src: Path, dst: Path) -> None:
+    """Copy one submission folder; grading never touches the original."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, symlinks=False,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+
+
+def prepare(workspace: Path, todo: list[str]) -> None:
+    """Release into the workspace (the gradebook must know each graded cell) and make the
+    template gradebook that every worker copies."""
+    release(todo, workspace, release_dir=workspace / "release", quiet=True)
+    (workspace / "work").mkdir(parents=True, exist_ok=True)
+    src = sqlite3.connect(workspace / "gradebook.db")
+    dst = sqlite3.connect(workspace / "work" / "template.db")
+    with dst:
+        src.backup(dst)          # a consistent copy even if the gradebook is being read
+    src.close()
+    dst.close()
+
+

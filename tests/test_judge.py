@@ -1,0 +1,222 @@
+"""The judge, without nbgrader: its wire format, its verdicts by replay, its protocol rules, the scan.
+
+The grading corpus (test_grading_corpus.py) runs forgeries through the real nbgrader pipeline;
+these tests pin each rule of the judge on its own, quickly.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+import torch
+
+from conftest import ROOT, solution_code
+from autograder import wire
+from autograder.judge import Judge, points_of, run_inprocess
+from autograder.judge_client import JudgeFailure, judge as hidden_cell
+from autograder.plans import PLANS, plan_of
+from autograder.scan import scan_cuda, scan_source, scan_submission
+
+A = "01_vanilla_attention"
+
+
+def _solution(assignment: str = A, name: str = "vanilla_attention"):
+    ns = {}
+    exec("import math, torch\nfrom facourse import *\n" + solution_code(assignment)[name], ns)
+    return ns[name]
+
+
+def zeros(q, k, v, causal=False, scale=None):
+    return torch.zeros_like(q)
+
+
+# ----------------------------------------------------------------------------- wire
+def test_wire_round_trip_keeps_values_types_and_devices():
+    vals = (torch.randn(3, 5, dtype=torch.float16), torch.randn(2, 2).to(torch.bfloat16), torch.empty(0, 4),
+            [torch.tensor([1, 2], dtype=torch.int32), None, 3.5, "x"], object())
+    blobs = []
+    tree = wire.encode(vals, blobs)
+    back = wire.decode(tree, blobs)
+    assert isinstance(back, tuple) and len(back) == 5
+    for a, b in zip(vals[:3], back[:3]):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    assert isinstance(back[3], list) and back[3][1:] == [None, 3.5, "x"]
+    assert type(back[4]).__name__ == "object"          # the check then says "got object"
+    with pytest.raises(wire.WireError):
+        wire.decode({"t": 0, "dtype": "float32", "shape": [4]}, [b"\0" * 15])   # 15 bytes for 16
+
+
+def test_a_tensor_subclass_arrives_as_a_plain_tensor():
+    class Liar(torch.Tensor):
+        def __eq__(self, other):
+            return True
+    blobs = []
+    back = wire.decode(wire.encode(torch.zeros(4).as_subclass(Liar), blobs), blobs)
+    assert type(back) is torch.Tensor
+
+
+# ----------------------------------------------------------------------------- verdicts
+def test_every_graded_cell_has_a_plan_and_every_plan_a_cell():
+    for a in PLANS:
+        assert set(plan_of(a)) == set(points_of(a)), a
+
+
+@pytest.mark.slow
+def test_solution_passes_and_wrong_answers_fail_with_the_checks_own_message():
+    v = run_inprocess(A, _solution())
+    assert all(x.passed and x.points == x.max_points for x in v.values()), {t: x.message for t, x in v.items()}
+    v = run_inprocess(A, zeros, ["test_small"])["test_small"]
+    assert v.points == 0 and "AttentionCheckError" in v.message and "wrong values" in v.message
+
+
+def test_cache_is_caught_by_the_judge():
+    sol, store = _solution(), {}
+
+    def cached(q, k, v, causal=False, scale=None):
+        key = tuple(q.shape)
+        if key not in store:
+            store[key] = sol(q, k, v, causal, scale)
+        return store[key]
+
+    v = run_inprocess(A, cached, ["test_medium"])["test_medium"]
+    assert v.points == 0 and "cached or precomputed" in v.message, v.message
+
+
+def test_sdpa_is_caught_by_the_guard_and_the_judge_says_so():
+    def sdpa(q, k, v, causal=False, scale=None):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                                enable_gqa=True)
+
+    v = run_inprocess(A, sdpa, ["test_noncausal"])["test_noncausal"]
+    assert v.points == 0 and "scaled_dot_product_attention" in v.message, v.message
+
+
+def test_mutated_inputs_are_reported_from_the_kernel():
+    sol = _solution()
+
+    def mutates(q, k, v, causal=False, scale=None):
+        o = sol(q, k, v, causal, scale)
+        q.mul_(2)
+        return o
+
+    v = run_inprocess(A, mutates, ["test_noncausal"])["test_noncausal"]
+    assert v.points == 0 and "was modified by the call" in v.message, v.message
+
+
+def test_gpu_tests_and_perf_score_zero_on_a_cpu_and_say_why():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    v = run_inprocess("05_triton_flash_attention", zeros, ["perf_large"])["perf_large"]
+    assert v.points == 0 and "No GPU here" in v.message
+    v = run_inprocess("06_cuda_flash_attention", zeros, ["test_large"])["test_large"]
+    assert v.points == 0 and "No GPU here" in v.message and "sm_80" in v.message
+
+
+def test_a_non_hopper_gpu_scores_step_07_zero_and_names_both_architectures(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    j = Judge("07_hopper_flash_attention", points_of("07_hopper_flash_attention"), device="cuda:0")
+    try:
+        msg = j._unavailable(j.plan["perf_large"])
+    finally:
+        j.close()
+    assert "sm_90a" in msg and "sm_80" in msg
+
+
+# ----------------------------------------------------------------------------- protocol
+class _Raw:
+    """A student's own connection to the judge's socket."""
+
+    def __init__(self, judge: Judge):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.connect(judge.address)
+
+    def ask(self, header, blobs=()):
+        wire.send(self.s, header, list(blobs))
+        return wire.recv(self.s)[0]
+
+
+def test_forged_records_are_refused_and_flagged(monkeypatch):
+    j = Judge(A, points_of(A))
+    raw = _Raw(j)
+    # a record for a test that is not running, an unknown test, a bad check index
+    assert "error" in raw.ask({"op": "call", "test": "test_large", "check": 0, "result": {"v": None}})
+    assert "error" in raw.ask({"op": "open", "test": "test_everything"})
+    opened = raw.ask({"op": "open", "test": "test_large"})
+    assert opened["calls"] and all(isinstance(c["seed"], int) for c in opened["calls"])
+    assert "error" in raw.ask({"op": "call", "test": "test_large", "check": 7, "result": {"v": None}})
+    # the hidden cell itself later opens the same test: the record would be written twice
+    monkeypatch.setenv("FACOURSE_JUDGE", j.address)
+    with pytest.raises(JudgeFailure):
+        hidden_cell("test_large", _solution())
+    verdicts = j.finish()
+    assert verdicts["test_large"].points == 0 and "started twice" in verdicts["test_large"].message
+    assert len(j.violations) == 4, j.violations
+    assert verdicts["test_small"].points == 0 and "no judge record" in verdicts["test_small"].message
+
+
+def test_a_test_started_and_never_closed_scores_zero():
+    j = Judge(A, points_of(A))
+    _Raw(j).ask({"op": "open", "test": "test_small"})
+    v = j.finish({"test_small": "DeadKernelError: the kernel died"})["test_small"]
+    assert v.points == 0 and "did not finish" in v.message and "kernel died" in v.message
+
+
+def test_malformed_bytes_are_a_violation_not_a_crash():
+    j = Judge(A, points_of(A))
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(j.address)
+    s.sendall(struct.pack("!IQ", 5, 0) + b"{nope")
+    s.shutdown(socket.SHUT_WR)
+    s.recv(10)
+    verdicts = j.finish()
+    assert any("malformed" in v for v in j.violations), j.violations
+    assert all(v.points == 0 for v in verdicts.values())
+
+
+# ----------------------------------------------------------------------------- static scan
+TAMPER = {
+    "check_entry_point = lambda *a, **k: None": "rebinds check_entry_point",
+    "def judge(*a):\n    pass": "redefines judge",
+    "import builtins\nbuiltins.__import__ = None": "imports builtins",
+    "import autograder.judge_client as j": "imports autograder",
+    "import facourse\nfacourse.check_entry_point = print": "monkeypatching",
+    "torch.allclose = lambda *a, **k: True": "monkeypatching",
+    "import sys\nsys.modules['autograder'] = None": "sys.modules",
+    "import os\nos._exit(0)": "os._exit",
+    "import sys\nsys.exit(0)": "sys.exit",
+    "import atexit": "imports atexit",
+    "import threading": "imports threading",
+    "get_ipython().events.register('pre_run_cell', print)": "get_ipython",
+    "exec('x = 1')": "calls exec",
+    "getattr(torch, 'scaled_' + 'dot')": "computed name on torch",
+    "setattr(torch, 'x', 1)": "setattr on torch",
+    "import os\nos.environ.get('FACOURSE_JUDGE')": "judge's address",
+    "%load_ext autoreload": "IPython magic",
+}
+
+
+@pytest.mark.parametrize("code", list(TAMPER), ids=list(TAMPER.values()))
+def test_scan_flags_each_tampering(code):
+    flags = scan_source(code, "cell x")
+    assert any(f.severity == "tamper" and TAMPER[code] in f.rule for f in flags), [f.text() for f in flags]
+
+
+def test_scan_review_flags_and_clean_code():
+    flags = scan_source("o = torch.nn.functional.scaled_dot_product_attention(q, k, v)", "cell x")
+    assert [f.severity for f in flags] == ["review"]
+    assert not scan_source("from facourse import check_entry_point, make_inputs\n"
+                           "def vanilla_attention(q, k, v, causal=False, scale=None):\n"
+                           "    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v", "cell x")
+    assert scan_cuda('#include <Python.h>\nvoid f() { system("ls"); }', "k.cu")
+    assert not scan_cuda('asm volatile("mma.sync.aligned.m16n8k16" ::);', "k.cu")
+
+
+def test_solutions_stubs_and_samples_raise_no_flag():
+    for top in ("solutions", "exercises", "autograder/samples/alice", "autograder/samples/bob",
+                "autograder/samples/carol"):
+        for folder in sorted(p for p in (ROOT / top).iterdir() if p.is_dir()):
+            nbs = [p.stem for p in folder.glob("*.ipynb")]
+            assert not scan_submission(folder, nbs), folder
+    for cu in (ROOT / "solutions").glob("*/ladder/student_kernel_solution.cu"):
+        assert not scan_cuda(cu.read_text(), cu.name), cu
