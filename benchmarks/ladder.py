@@ -264,8 +264,12 @@ def sanitize(m: dict, names: list[str], checks: list[str], out: Path) -> int:
             t0 = time.time()
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             tail = [ln for ln in (p.stdout + p.stderr).splitlines() if "=========" in ln or "FAIL" in ln]
+            wout = out / f"sanitize_{name}.json"
+            rows = json.loads(wout.read_text())["rows"] if wout.exists() else []
             report.append(f"== {name} {t} ({', '.join(checks)}; fp16, bf16): exit {p.returncode}, "
-                          f"{time.time() - t0:.0f} s\n" + "\n".join(tail[-20:]))
+                          f"{time.time() - t0:.0f} s, checks passed {sum(r['check'] == 'ok' for r in rows)}/"
+                          f"{len(rows)}\n" + "\n".join(tail[-20:]))
+            wout.unlink(missing_ok=True)
             rc = rc or p.returncode
             print(report[-1], flush=True)
     path = out / f"step{m['step']['id']}_sanitize.txt"
