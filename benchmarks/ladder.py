@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from facourse.configs import CONFIGS, EDGE_CASES, LONG_CONFIG, SWEEP, AttnConfig, get_config  # noqa: E402
+from facourse.configs import CONFIGS, EDGE_CASES, SWEEP, AttnConfig, get_config  # noqa: E402
 from facourse.steps import load_step, rung  # noqa: E402
 
 SCHEMA = 1
@@ -233,7 +233,8 @@ def table(d: dict) -> str:
     for name, info in d["rungs"].items():
         c = [r for r in rows if r["rung"] == name and r["kind"] == "check"]
         ok = sum(r["check"] == "ok" for r in c)
-        lines.append(f"{name:>22}: checks {ok}/{len(c)}" + (f"  ERROR {info['error'][-200:]}" if "error" in info else ""))
+        err = f"  ERROR {info['error'][-200:]}" if "error" in info else ""
+        lines.append(f"{name:>22}: checks {ok}/{len(c)}{err}")
         lines += [f"      FAIL {r['config']} {r['dtype']}: {r['error'][:160]}" for r in c if r["check"] != "ok"]
     by: dict = {}
     for r in rows:

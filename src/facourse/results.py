@@ -75,9 +75,9 @@ def solution_table(d: dict) -> str:
         ref = next((r for r in rs if not r["ref_backend"].startswith(CUDNN)), None)
         cu = next((r for r in rs if r["ref_backend"].startswith(CUDNN)), None)
         first = ref or cu
-        out.append(f"| {cfg} | {dt} | {first['tflops']:.0f} | "
-                   + (f"{ref['ref_backend']} | {ref['tflops_ref']:.0f} | {_x(ref['ratio'])} | " if ref else "— | — | — | ")
-                   + (f"{cu['tflops_ref']:.0f} | {_x(cu['ratio'])} |" if cu else "— | — |"))
+        fa_cells = f"{ref['ref_backend']} | {ref['tflops_ref']:.0f} | {_x(ref['ratio'])} | " if ref else "— | — | — | "
+        cu_cells = f"{cu['tflops_ref']:.0f} | {_x(cu['ratio'])} |" if cu else "— | — |"
+        out.append(f"| {cfg} | {dt} | {first['tflops']:.0f} | {fa_cells}{cu_cells}")
     return "\n".join(out)
 
 
@@ -129,7 +129,8 @@ def timing_probe_table(d: dict) -> str:
         h = rs[0]["host_enqueue_us"]
         without = ", ".join(_x(r["ratio"]) for r in rs if not r["hide_host"])
         with_ = ", ".join(_x(r["ratio"]) for r in rs if r["hide_host"])
-        out.append(f"| {name} | {dt} | {h['ours']:.0f} | {h['FA2']:.0f} | {rs[0]['flush_us']:.0f} | {without} | {with_} |")
+        out.append(f"| {name} | {dt} | {h['ours']:.0f} | {h['FA2']:.0f} | {rs[0]['flush_us']:.0f} | "
+                   f"{without} | {with_} |")
     return "\n".join(out)
 
 
@@ -143,8 +144,9 @@ def plot_sweep(d: dict, dtype: str = "float16", ax=None):
     for a, kind in zip(ax, ("noncausal", "causal")):
         pts = [r for r in sol if r["config"].startswith(kind + "_")]
         lengths = sorted({_seq(r["config"]) for r in pts})
-        get = lambda be, key: [next((r[key] for r in pts if _seq(r["config"]) == s and r["ref_backend"] == be),  # noqa: E731
-                                    float("nan")) for s in lengths]
+        def get(be, key, pts=pts, lengths=lengths):
+            return [next((r[key] for r in pts if _seq(r["config"]) == s and r["ref_backend"] == be), float("nan"))
+                    for s in lengths]
         a.plot(lengths, get(FA2, "tflops"), "o-", label=f"course kernel ({d['solution']})")
         a.plot(lengths, get(FA2, "tflops_ref"), "s-", label="SDPA FLASH_ATTENTION (FA2)")
         a.plot(lengths, get(CUDNN, "tflops_ref"), "^-", label="SDPA CUDNN_ATTENTION")
