@@ -243,7 +243,7 @@ def import_one(nb_path: Path, twin: Path) -> None:
 # ---------------------------------------------------------------- command line
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:3]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=("build", "check", "import"))
     ap.add_argument("paths", nargs="*", help="notebooks or twins (default: all)")
