@@ -12,7 +12,7 @@ the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same pa
 2. step 06: the exercise's solution (its harness + ladder/student_kernel_solution.cu) on every
    test of the plan: every correctness point, and the perf points its speed earns;
 3. step 07 (H100/H200 only): the same, with the structural check compiled by the judge from the
-   submitted source; step 06's kernel must fail that check.
+   submitted source; the untouched stub must fail that check.
 
 Prints a table, writes ``$OUT/gpu_selftest.json`` (OUT defaults to ./out) and exits 1 when any
 verdict is not the expected one.
@@ -35,7 +35,7 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     import facourse
-    from facourse import sdpa_reference, has_sm90a
+    from facourse import has_sm90a
 
     from . import judge as J
 
@@ -52,9 +52,12 @@ def main() -> int:
                   f"{(v.message or (v.output[-1] if v.output else '')).splitlines()[0][:110] if (v.message or v.output) else ''}",
                   flush=True)
 
-    # 1. step 05's perf test and its anti-cheat
+    from benchmarks.ladder import entry_point
+    from facourse.steps import load_step
+
+    # 1. step 05's perf test and its anti-cheat; the stand-ins wrap the ladder's solution
     step05 = "05_triton_flash_attention"
-    fn, _ = sdpa_reference("FLASH_ATTENTION")
+    fn = entry_point("05", load_step("05")["ladder"]["solution"])
 
     def honest(q, k, v, causal=False, scale=None):
         return fn(q, k, v, causal, scale)
@@ -73,12 +76,12 @@ def main() -> int:
         with torch.cuda.stream(side):
             return fn(q, k, v, causal, scale)
 
-    expect("honest (SDPA as student)", J.run_inprocess(step05, honest, ["perf_large"]), lambda t, v: v.points > 0)
+    expect("honest (step 05 solution)", J.run_inprocess(step05, honest, ["perf_large"]), lambda t, v: v.points > 0)
     expect("address-keyed cache", J.run_inprocess(step05, cached, ["perf_large"]),
            lambda t, v: v.points == 0 and "Not trusted" in v.message)
     expect("side-stream launch", J.run_inprocess(step05, side_stream, ["perf_large"]),
            lambda t, v: v.points == 0 and "Not trusted" in v.message)
-    J.calibration("cuda:0", "large", "FLASH_ATTENTION")          # the judge's own number, first
+    J.calibration("cuda:0", "large", "FLASH_ATTENTION")          # the judge's own number, before the forgery
     real = facourse.bench_attention
 
     def forged(*args, **kwargs):
@@ -95,8 +98,6 @@ def main() -> int:
         facourse.bench_attention = real
 
     # 2. and 3.: the exercise solutions of steps 06 and 07, every test of their plans
-    from benchmarks.ladder import entry_point
-
     def full_marks(t, v):
         return v.passed if t.startswith("perf_") else v.points == v.max_points
 
@@ -104,12 +105,11 @@ def main() -> int:
     if has_sm90a():
         step07 = ROOT / "solutions" / "07_hopper_flash_attention"
         files = {"student_kernel.cu": (step07 / "ladder" / "student_kernel_solution.cu").read_bytes()}
-        expect("step 07 solution", J.run_inprocess("07_hopper_flash_attention", entry_point("07", "exercise"),
+        expect("step 07 solution", J.run_inprocess("07_hopper_flash_attention", _hopper_solution(step07),
                                                    student_files=files, release_dir=step07), full_marks)
-        files06 = {"student_kernel.cu": (ROOT / "solutions" / "06_cuda_flash_attention" / "ladder" /
-                                         "student_kernel_solution.cu").read_bytes()}
-        expect("step 06's kernel for 07", J.run_inprocess("07_hopper_flash_attention", None, ["test_structure"],
-                                                          student_files=files06, release_dir=step07),
+        stub = {"student_kernel.cu": (step07 / "student_kernel.cu").read_bytes()}
+        expect("step 07 stub", J.run_inprocess("07_hopper_flash_attention", None, ["test_structure"],
+                                               student_files=stub, release_dir=step07),
                lambda t, v: v.points == 0 and "HGMMA" in v.message)
     else:
         print(f"step 07 skipped: it needs an H100/H200 (sm_90a), this is {torch.cuda.get_device_name()}")
@@ -120,6 +120,22 @@ def main() -> int:
     bad = [r for r in rows if not r["as_expected"]]
     print(f"\n{len(rows) - len(bad)} of {len(rows)} verdicts as expected on {env.get('gpu')}")
     return 1 if bad else 0
+
+
+def _hopper_solution(step: Path):
+    """Step 07's exercise solution built as a student's is: the harness + their .cu, for sm_90a."""
+    from facourse import validate_inputs
+    from facourse.cuda_build import load_cuda_extension
+
+    ext = load_cuda_extension("fa07_selftest", [step / "ladder" / "student_kernel_solution.cu",
+                                                step / "fa_binding.cpp"], arch="sm_90a", include_dirs=[step])
+
+    def flash_attention_hopper(q, k, v, causal=False, scale=None):
+        validate_inputs(q, k, v, scale)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return tuple(ext.forward(q, k, v, bool(causal), float(scale)))
+
+    return flash_attention_hopper
 
 
 if __name__ == "__main__":

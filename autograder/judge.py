@@ -52,6 +52,9 @@ from .plans import Test, plan_of
 #: A perf record's reference time must be within this factor of the judge's own calibration.
 CALIBRATION_FACTOR = 1.5
 _ERRORS = {c.__name__: c for c in (AttentionCheckError, SoftmaxCheckError, CheatDetected)}
+# The checks print their summary lines; the judge keeps them for the verdict. Swapping sys.stdout
+# is process-wide, so verdicts of concurrent submissions take turns (a verdict takes seconds).
+_STDOUT = threading.Lock()
 
 
 @dataclass
@@ -192,7 +195,11 @@ class Judge:
                 st.perf = h.get("record") if isinstance(h.get("record"), dict) else {"error": "malformed record"}
                 return {"ok": True}
             if op == "close":
-                st.verdict = self._decide(test, st)
+                try:
+                    st.verdict = self._decide(test, st)
+                except Exception as err:        # a bug of ours: the test scores 0 and says so
+                    st.verdict = Verdict(0.0, self.max_points.get(test, 0.0), False,
+                                         f"judge error (not the student's): {type(err).__name__}: {err}")
                 v = st.verdict
                 return {"points": v.points, "max_points": v.max_points, "passed": v.passed,
                         "message": v.message, "output": v.output}
@@ -240,7 +247,7 @@ class Judge:
         for i, spec in enumerate(st.calls):
             replay = Replay(st.records.get(i, []), self.device)
             try:
-                with contextlib.redirect_stdout(out):
+                with _STDOUT, contextlib.redirect_stdout(out):
                     CHECKS[spec["check"]](replay, seed=spec["seed"], device=self.device, **spec["kwargs"])
             except Exception as err:
                 msg = st.kernel_errors.get(i) if replay.exhausted and i in st.kernel_errors else _text(err)
@@ -263,7 +270,7 @@ class Judge:
             path = work / "student_kernel.cu"
             path.write_bytes(source)
             out = io.StringIO()
-            with contextlib.redirect_stdout(out):
+            with _STDOUT, contextlib.redirect_stdout(out):
                 check_sass(path, include_dirs=[self.release_dir] if self.release_dir else [])
             return Verdict(max_points, max_points, True, "", _lines(out))
         except (SassCheckError, ToolUnavailable) as err:
@@ -296,7 +303,7 @@ class Judge:
             return refuse("flagged", "the timing record holds a time that is not positive")
         cfg = get_config(spec["config"], self.device)
         gpu = torch.cuda.get_device_name(self.device)
-        tflops_s, tflops_r = cfg.flops / (t_s * 1e-3) / 1e12, cfg.flops / (t_r * 1e-3) / 1e12
+        tflops_s, tflops_r = cfg.flops() / (t_s * 1e-3) / 1e12, cfg.flops() / (t_r * 1e-3) / 1e12
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
         nums = {"t_student_ms": t_s, "t_ref_ms": t_r, "tflops_student": tflops_s, "tflops_ref": tflops_r,
                 "ratio": t_r / t_s, "backend": t["reference"], "gpu": gpu, "env": {**env, "gpu": gpu},
@@ -304,9 +311,13 @@ class Judge:
         flag = roofline_verdict(tflops_s, gpu)
         if flag:
             return refuse("flagged", f"Not trusted: {flag}", **nums)
-        cal = calibration(self.device, spec["config"], t["reference"])
+        try:
+            cal = calibration(self.device, spec["config"], t["reference"])
+        except Exception as err:
+            return refuse("unverified", f"the judge could not time the reference on this GPU to check the "
+                          f"record against ({type(err).__name__}: {err}); no perf points", **nums)
         nums["calibration_ms"] = cal
-        if cal and not (1 / CALIBRATION_FACTOR <= t_r / cal <= CALIBRATION_FACTOR):
+        if not (1 / CALIBRATION_FACTOR <= t_r / cal <= CALIBRATION_FACTOR):
             return refuse("flagged", f"Not trusted: the reference took {t_r:.3f} ms in the kernel's timing and "
                           f"{cal:.3f} ms when the judge timed it on this GPU (more than "
                           f"{CALIBRATION_FACTOR}x apart): the timing was not measured as the bench measures",
@@ -409,17 +420,16 @@ _CAL: dict = {}
 _CAL_LOCK = threading.Lock()
 
 
-def calibration(device: str, config: str, backend: str) -> float | None:
-    """The reference backend's own time (ms) on ``config`` on this GPU, measured once by the judge."""
+def calibration(device: str, config: str, backend: str) -> float:
+    """The reference backend's own time (ms) on ``config`` on this GPU, measured once by the judge.
+    Raises when it cannot be measured: a perf record is then not accepted (nothing to check it by)."""
     from facourse import bench_attention, sdpa_reference
 
     key = (device, torch.cuda.get_device_name(device), config, backend)
     with _CAL_LOCK:
         if key not in _CAL:
-            try:
-                with torch.cuda.device(device):
-                    res = bench_attention(sdpa_reference(backend), config, backend=backend, dtype=torch.float16)
-                _CAL[key] = res.t_ref_ms
-            except Exception:           # no calibration: the roofline still applies
-                _CAL[key] = None
+            ref, _ = sdpa_reference(backend)
+            with torch.cuda.device(device):
+                res = bench_attention(ref, config, backend=backend, dtype=torch.float16)
+            _CAL[key] = res.t_ref_ms
         return _CAL[key]

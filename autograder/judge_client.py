@@ -156,7 +156,7 @@ def judge(test: str, fn) -> None:
         print(line)
     print(f"judge: {test}: {verdict.get('points', 0):g} of {verdict.get('max_points', 0):g} point(s)")
     if not verdict.get("passed"):
-        raise JudgeFailure(verdict.get("message") or f"{test} failed")
+        raise JudgeFailure(verdict.get("message") or verdict.get("error") or f"{test} failed")
 
 
 def _local(test: str, fn) -> None:

@@ -220,3 +220,68 @@ def test_solutions_stubs_and_samples_raise_no_flag():
             assert not scan_submission(folder, nbs), folder
     for cu in (ROOT / "solutions").glob("*/ladder/student_kernel_solution.cu"):
         assert not scan_cuda(cu.read_text(), cu.name), cu
+
+
+# ----------------------------------------------------------------------------- perf verdicts
+@pytest.mark.parametrize("t_student,t_ref,calibrated,points,says", [
+    (1.0, 1.0, 1.0, 2.0, "2 of 2 points"),          # 1.0x FA2 against target 0.8: all points
+    (1.4, 1.0, 1.0, 1.0, "1 of 2 points"),          # 0.71x: past min 0.6, half the points
+    (2.0, 1.0, 1.0, 0.0, "0 of 2 points"),          # 0.5x: none
+    (1e-4, 1.0, 1.0, 0.0, "Not trusted"),           # faster than the GPU can compute (roofline)
+    (1.0, 3.0, 1.0, 0.0, "apart"),                  # the kernel's reference time is not this GPU's
+])
+def test_perf_verdicts_check_the_numbers_against_the_machine(monkeypatch, t_student, t_ref, calibrated,
+                                                             points, says):
+    from autograder import judge as J
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    j = Judge("06_cuda_flash_attention", points_of("06_cuda_flash_attention"), device="cuda:0")
+    st = j.states["perf_large"]
+    st.perf = {"t_student_ms": t_student * 25.0, "t_ref_ms": t_ref * 25.0, "env": {}}
+    monkeypatch.setattr(J, "calibration", lambda *a: calibrated * 25.0)
+    v = j._perf(st, 2.0, [])
+    j.close()
+    assert v.points == points and says in (v.message + " ".join(v.output)), v
+    assert v.perf["tflops_student"] == pytest.approx(
+        4 * 8 * 32 * 128 * (2048 * 2049 // 2) / (t_student * 25e-3) / 1e12)
+
+
+def test_perf_without_numbers_earns_nothing():
+    j = Judge("06_cuda_flash_attention", points_of("06_cuda_flash_attention"))
+    st = j.states["perf_large"]
+    st.perf = {"error": "RuntimeError: CUDA error"}
+    v = j._perf(st, 2.0, [])
+    j.close()
+    assert v.points == 0 and "no timing" in v.message
+
+
+def test_perf_record_the_judge_cannot_check_earns_nothing(monkeypatch):
+    from autograder import judge as J
+
+    def no_gpu(*a):
+        raise RuntimeError("no CUDA")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(J, "calibration", no_gpu)
+    j = Judge("06_cuda_flash_attention", points_of("06_cuda_flash_attention"), device="cuda:0")
+    st = j.states["perf_large"]
+    st.perf = {"t_student_ms": 30.0, "t_ref_ms": 25.0}
+    v = j._perf(st, 2.0, [])
+    j.close()
+    assert v.points == 0 and "could not time the reference" in v.message
+
+
+def test_concurrent_verdicts_leave_stdout_alone():
+    """Workers grade submissions in parallel threads, each with its judge: the summary lines a
+    verdict collects must not swallow the process's own output, nor leave it redirected. (The
+    threads share the variable that names the judge, so which judge each reaches is not tested here.)"""
+    import sys
+    import threading
+
+    before = sys.stdout
+    sol = _solution()
+    threads = [threading.Thread(target=run_inprocess, args=(A, sol, ["test_small", "test_noncausal"]),
+                                kwargs={"quiet": False}) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sys.stdout is before
