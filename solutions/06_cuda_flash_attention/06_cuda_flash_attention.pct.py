@@ -24,8 +24,9 @@
 # **What is graded** (13 points, on a GPU with compute capability 8.0+): the visible test on `small`;
 # hidden tests on `medium`, `large`, `noncausal`, `asymmetric`, ragged lengths, empty rows, the other
 # edge cases (decode, D = 64, MQA, large logits) and bf16; performance on `large` and on the long
-# configuration against PyTorch SDPA's FLASH_ATTENTION backend (half the points at 0.6x its speed,
-# all at 0.8x). **Without a GPU** the cell "Compile check" still compiles your code with `nvcc` for
+# configuration against PyTorch SDPA's FLASH_ATTENTION backend (half the points at a `min` fraction
+# of its speed, all at a `target`: the instructor's thresholds file sets both, the graded result
+# states them). **Without a GPU** the cell "Compile check" still compiles your code with `nvcc` for
 # sm_80 and reports errors, registers, spills and shared memory; the graded cells need a GPU.
 #
 # Read `course/06_cuda_flash_attention.ipynb` first: it draws the fragment layouts you need.
