@@ -285,3 +285,25 @@ def test_concurrent_verdicts_leave_stdout_alone():
     for t in threads:
         t.join()
     assert sys.stdout is before
+
+
+def test_tamper_flags_zero_the_judged_tests_unless_an_instructor_trusts_them():
+    from autograder.judge import Verdict
+    from autograder.model import Result
+    from autograder.workers import _apply_verdicts
+
+    class _NoViolations:
+        violations: list = []
+
+    def graded(trusted):
+        res = Result("s", A, tests=[{"name": "test_small", "notebook": A, "max_score": 1.0, "auto": True, "score": 0.0},
+                                    {"name": "written", "notebook": A, "max_score": 2.0, "auto": False, "score": 0.0}],
+                     flags=[{"severity": "tamper", "where": "cell x, line 3", "rule": "imports atexit", "line": "import atexit"}])
+        _apply_verdicts(res, {"test_small": Verdict(1.0, 1.0, True)}, _NoViolations(), trusted)
+        return res
+
+    res = graded(False)
+    assert res.score == 0 and res.failed == ["test_small"] and res.status.startswith("flagged")
+    assert "imports atexit" in res.messages["test_small"] and "own verdict: passed" in res.messages["test_small"]
+    res = graded(True)
+    assert res.score == 1 and not res.failed and "waived" in res.status and res.flags
