@@ -1,45 +1,155 @@
 #!/usr/bin/env bash
-# One entry point for a fresh machine with Python 3.11+:
-#   ./course.sh demo    set up .venv, regenerate the release, autograde the bundled samples (CPU),
-#                       print the grade table
-#   ./course.sh test    set up .venv and run the CPU test suite
-#   ./course.sh setup   only set up .venv
+# One entry point for a fresh machine with Python 3.11+.
+#
+#   ./course.sh setup        create .venv and install PyTorch, Triton, JupyterLab and the course library
+#   ./course.sh lab          set up, then open JupyterLab in this folder (extra arguments go to jupyter lab)
+#   ./course.sh check        set up, then check this machine: versions, GPU, which steps run here
+#   ./course.sh check NN     set up, then run exercise NN's notebook headless and report its visible tests
+# In the course repository, besides:
+#   ./course.sh demo         regenerate the release, autograde the sample submissions (CPU), print the grades
+#   ./course.sh test [ARGS]  run the CPU test suite (in parallel; ARGS go to pytest)
+#
 # Environment: PYTHON (interpreter, default python3), VENV (default .venv), TORCH_SPEC (the pip
-# requirement used for PyTorch when it is missing, default torch==2.13.0).
+# requirement used for PyTorch when it is missing, default torch==2.13.0), EXTRAS (what to
+# install: `dev` in the repository, `student` in the student archive), OFFLINE=1 (install
+# nothing: use $VENV as it is, and fail if it lacks something).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+OFFLINE=${OFFLINE:-0}
+
+# The student archive (python -m autograder bundle) has neither the grading side nor the tests.
+if [ -d autograder ] && [ -d tests ]; then REPO=1; else REPO=0; fi
+if [ "$REPO" = 1 ]; then EXTRAS=${EXTRAS:-dev}; else EXTRAS=${EXTRAS:-student}; fi
+PY="$VENV/bin/python"
 
 setup() {
+  if [ "$OFFLINE" = 1 ]; then
+    [ -x "$PY" ] || { echo "error: OFFLINE=1 but $PY does not exist" >&2; exit 2; }
+    "$PY" -c 'import torch, facourse, nbclient, ipykernel' \
+      || { echo "error: OFFLINE=1 but $VENV lacks a package (see above)" >&2; exit 1; }
+    return
+  fi
   if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
     echo "error: $PYTHON is not Python 3.11 or newer (set PYTHON=...)" >&2; exit 2
   fi
-  if [ ! -x "$VENV/bin/python" ]; then
+  if [ ! -x "$PY" ]; then
     echo "creating $VENV"
     "$PYTHON" -m venv "$VENV"
   fi
-  local py="$VENV/bin/python"
-  local stamp="$VENV/.facourse-installed"
-  if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+  # The stamp records what was installed and from which pyproject.toml: set-up runs pip again
+  # only when either changed (`dev` includes everything `student` has).
+  local stamp="$VENV/.facourse-installed" want have
+  want="$EXTRAS $("$PY" -c 'import hashlib, sys; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest()[:16])')"
+  have=$(cat "$stamp" 2>/dev/null || true)
+  if [ "$have" = "$want" ] || [ "$have" = "dev ${want#* }" ]; then
     return
   fi
   echo "installing into $VENV (a few minutes the first time)"
-  pip_q() { "$py" -m pip install --disable-pip-version-check -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
-  "$py" -c 'import torch' 2>/dev/null || pip_q "$TORCH_SPEC"
-  pip_q -e ".[dev]"
-  "$py" -c 'import torch, nbgrader, facourse' || { echo "error: installation failed" >&2; exit 1; }
-  touch "$stamp"
+  pip_q() { "$PY" -m pip install --disable-pip-version-check -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+  "$PY" -c 'import torch' 2>/dev/null || pip_q "$TORCH_SPEC"
+  pip_q -e ".[$EXTRAS]"
+  "$PY" -c 'import torch, facourse, nbclient, ipykernel' || { echo "error: installation failed" >&2; exit 1; }
+  echo "$want" > "$stamp"
 }
 
-cmd=${1:-demo}
-need() {  # the student archive ships neither the grading side nor the course's own tests
-  [ -e "$1" ] || { echo "'$cmd' needs $1/, which the student archive does not include; './course.sh setup' works" >&2; exit 2; }
+check() {  # no argument: this machine; NN: exercise NN's visible tests, run headless
+  "$PY" - "$@" <<'EOF'
+import glob, os, sys, time
+import torch
+
+args = sys.argv[1:]
+if not args:
+    import facourse
+    from facourse import check_entry_point, reference_attention
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, facourse from {os.path.dirname(facourse.__file__)}")
+    try:
+        import triton
+        print(f"triton {triton.__version__}")
+    except ImportError:
+        print("triton: not installed (step 05 needs it: Linux only)")
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        print(f"GPU: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]})")
+        steps = "01-05" + (", 06" if cap >= (8, 0) else "") + (", 07" if cap == (9, 0) else "")
+    else:
+        print("GPU: none; kernels run at CPU sizes, step 05 through Triton's interpreter")
+        steps = "01-05 (06 and 07 need an NVIDIA GPU: sm_80+ for 06, sm_90a for 07)"
+    print(f"exercises that run here: {steps}")
+    ref = lambda q, k, v, causal=False, scale=None: reference_attention(q, k, v, causal=causal, scale=scale, dtype=q.dtype)[0]
+    check_entry_point(ref, "small")  # the library checks its own reference: prints one line
+    from jupyter_client.kernelspec import find_kernel_specs
+    assert "python3" in find_kernel_specs(), "no python3 Jupyter kernel in this environment"
+    print("ok: the notebooks can run here (./course.sh lab)")
+    sys.exit(0)
+
+import nbformat
+from nbclient import NotebookClient
+
+status = 0
+for step in args:
+    paths = sorted(glob.glob(f"exercises/{step}*/*.ipynb"))
+    if len(paths) != 1:
+        print(f"error: no single exercise notebook matches exercises/{step}*/", file=sys.stderr)
+        sys.exit(2)
+    path = paths[0]
+    nb = nbformat.read(path, as_version=4)
+    t0 = time.time()
+    print(f"running {path} ...", flush=True)
+    NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        meta = cell.metadata.get("nbgrader", {})
+        name = meta.get("grade_id") or cell.get("id", "?")
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        if errors:
+            e = errors[0]
+            why = e.evalue.strip().splitlines()[0] if e.evalue.strip() else ""
+            if e.ename == "NotImplementedError" and not why:
+                why = "a stub you have not filled in yet"
+            print(f"  FAIL  {name}: {e.ename}: {why}")
+            status = 1
+        elif meta.get("grade") and "".join(cell.source).strip():
+            hidden = all(l.lstrip().startswith("#") for l in cell.source.strip().splitlines())
+            if not hidden:
+                print(f"  pass  {name}")
+    print(f"{path}: {'visible tests pass' if status == 0 else 'some cells fail (above)'} "
+          f"({time.time() - t0:.0f} s); the hidden tests check more configurations")
+sys.exit(status)
+EOF
 }
+
+usage() {
+  if [ "$REPO" = 1 ]; then
+    echo "usage: ./course.sh [setup|lab|check [NN]|demo|test [pytest args]]" >&2
+  else
+    echo "usage: ./course.sh [setup|lab|check [NN]]" >&2
+  fi
+  exit 2
+}
+
+cmd=${1:-}
+[ -n "$cmd" ] || usage
+shift
 case "$cmd" in
   setup) setup ;;
-  demo) need autograder; setup; exec "$VENV/bin/python" -m autograder demo ;;
-  test) need tests; setup; shift || true; exec "$VENV/bin/python" -m pytest -q "$@" ;;
-  *) echo "usage: ./course.sh [demo|test|setup] [pytest args]" >&2; exit 2 ;;
+  lab) setup; exec "$PY" -m jupyter lab "$@" ;;
+  check) setup; check "$@" ;;
+  demo)
+    [ "$REPO" = 1 ] || usage
+    setup; exec "$PY" -m autograder demo ;;
+  test)
+    [ "$REPO" = 1 ] || usage
+    setup
+    # pytest-xdist: two workers (CI has 2 cores; PYTEST_WORKERS=N for more), each torch on one
+    # thread. worksteal: an idle worker takes tests queued for a busy one, so the few long tests
+    # (grading runs, lectures, the Triton interpreter) spread out. Shared fixtures are
+    # session-scoped and cheap to build once per worker (conftest.student_archive).
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    exec "$PY" -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist worksteal "$@" ;;
+  *) usage ;;
 esac

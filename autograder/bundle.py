@@ -1,10 +1,14 @@
 """`python -m autograder bundle OUT.zip`: the student archive.
 
 It holds what a student needs and nothing of the grading side: course/, exercises/, diagrams/,
-src/ (the facourse library), pyproject.toml, README.md, environment.yml, course.sh. Files come
-from git (tracked, or new and not ignored) so build outputs stay out. The archive is refused,
-and nothing is written, when any file would be under solutions/ or autograder/ or contains a
-solution, hidden-test or mark-scheme marker.
+src/ (the facourse library), pyproject.toml, environment.yml, course.sh, and a README.md written
+for students: docs/STUDENT_README.md, not the repository's README (which is about the grading
+side, the tests and the benchmarks, none of which the archive has). course.sh sees that it runs
+in the archive (no autograder/, no tests/) and offers only setup, lab and check there. Files
+come from git (tracked, or new and not ignored) so build outputs stay out. The archive is
+refused, and nothing is written, when any file would be under solutions/ or autograder/ or
+contains a solution, hidden-test or mark-scheme marker. tests/test_archive.py unpacks it and
+uses it as a student would.
 """
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from .cli import ROOT, GradingError
+from .model import ROOT, GradingError
 
 INCLUDE_DIRS = ("course", "exercises", "diagrams", "src")
-INCLUDE_FILES = ("pyproject.toml", "README.md", "environment.yml", "course.sh", "LICENSE")
+INCLUDE_FILES = ("pyproject.toml", "environment.yml", "course.sh", "LICENSE")
+STUDENT_README = "docs/STUDENT_README.md"   # becomes the archive's README.md
 FORBIDDEN_DIRS = ("solutions", "autograder", "grading", "tests", ".ci")
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS",
            "BEGIN MARK SCHEME", "END MARK SCHEME")
@@ -72,7 +77,9 @@ def build(out: Path, root: Path = ROOT) -> tuple[Path, int]:
     files = student_files(root)
     if not any(f.startswith("exercises/") for f in files):
         raise GradingError("no exercises/ to bundle: run `python -m autograder release` first")
-    bad = leaks(root, files)
+    if not (root / STUDENT_README).is_file():
+        raise GradingError(f"no {STUDENT_README}: the archive's README.md is made from it")
+    bad = leaks(root, files + [STUDENT_README])
     if bad:
         raise GradingError("refusing to build the bundle, it would leak grading material:\n  "
                            + "\n  ".join(bad))
@@ -82,5 +89,7 @@ def build(out: Path, root: Path = ROOT) -> tuple[Path, int]:
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for rel in files:
             z.write(root / rel, f"flashattention-course/{rel}")
+        info = zipfile.ZipInfo.from_file(root / STUDENT_README, "flashattention-course/README.md")
+        z.writestr(info, (root / STUDENT_README).read_bytes(), zipfile.ZIP_DEFLATED)
     tmp.replace(out)
-    return out, len(files)
+    return out, len(files) + 1

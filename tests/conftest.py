@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `autograder` is a folder of the repo, not an installed package
 
-from autograder import cli  # noqa: E402
+from autograder import model, workers  # noqa: E402
 
 
 def load_module(path: Path, name: str | None = None):
@@ -59,10 +59,10 @@ def solution_code(assignment: str) -> dict[str, str]:
 
 
 def grade_submissions(tmp_path: Path, assignment: str, notebooks: dict[str, dict | str | bytes],
-                      timeout: float = 900) -> dict[str, cli.Result]:
+                      timeout: float = 900) -> dict[str, model.Result]:
     """Autograde one notebook per student (a dict, or raw text/bytes for broken files)."""
     subs = tmp_path / "submitted"
-    (nb_name,) = cli.notebooks_of(assignment)
+    (nb_name,) = model.notebooks_of(assignment)
     for student, nb in notebooks.items():
         d = subs / student / assignment
         d.mkdir(parents=True)
@@ -73,8 +73,32 @@ def grade_submissions(tmp_path: Path, assignment: str, notebooks: dict[str, dict
             path.write_bytes(nb)
         else:
             path.write_text(nb, encoding="utf-8")
-    results = cli.autograde(subs, tmp_path / "ws", [assignment], timeout=timeout, quiet=True, jobs=2)
+    results = workers.autograde(subs, tmp_path / "ws", [assignment], timeout=timeout, quiet=True, jobs=2)
     return {r.student: r for r in results}
+
+
+def unpack(zip_path: Path, dest: Path) -> Path:
+    """Extract ``zip_path`` into ``dest`` as `unzip` does (file modes kept: course.sh stays executable)."""
+    import zipfile
+
+    with zipfile.ZipFile(zip_path) as z:
+        for info in z.infolist():
+            target = Path(z.extract(info, dest))
+            mode = (info.external_attr >> 16) & 0o777
+            if mode and not info.is_dir():
+                target.chmod(mode)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def student_archive(tmp_path_factory) -> Path:
+    """The student archive (`python -m autograder bundle`), built once per test process and
+    unpacked: the path of its ``flashattention-course/`` folder. Tests may write inside it."""
+    from autograder import bundle
+
+    tmp = tmp_path_factory.mktemp("archive")
+    path, _ = bundle.build(tmp / "student.zip")
+    return unpack(path, tmp / "unpacked") / "flashattention-course"
 
 
 @pytest.fixture(autouse=True, scope="session")
