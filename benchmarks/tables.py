@@ -69,6 +69,7 @@ def measured() -> dict:
     probe = _load(PROBE)       # its sweep point under today's name (the probe ran before the rename)
     probe["rows"] = [{**r, "config": _new_name(r["config"])} for r in probe["rows"]]
     out["timing_probe"] = {**probe, "source": f"benchmarks/results/{PROBE}"}
+    out["06_v5_variants"] = step06_v5_variants()
     return out
 
 
@@ -103,25 +104,49 @@ def _new_name(name: str) -> str:
     return f"{m[2]}_{int(m[1]) // 1024}k" if m else re.sub(r"^full_", "noncausal_", name)
 
 
-def step06_variants() -> str:
-    """v5's configurations (ladder/v5_variants.py), fp16; the columns from V5_VARIANT_LIST."""
-    src = (HERE.parent / "solutions/06_cuda_flash_attention/ladder/v5_warp_specialized.cu").read_text()
-    cfg = {m[1]: [x.strip() for x in m[2].split(",")] for m in re.finditer(r"X\((\w+),\s*v5::Cfg<([^>]*)>\)", src)}
-    names = ["large", "full_4k", "causal_4k", "full_8k", "causal_8k", "full_16k", "causal_16k"]  # as measured
-    out = ["| variant | warps | rows/warp | BLOCK_N | stages | producer | overlap | Q in regs | lazy | "
-           + " | ".join(_new_name(n) for n in names) + " |", "|---|" + "---|" * (8 + len(names))]
-    for run, f in ((1, "2026-11-22_h100_step06_v5_variants.json"), (2, "2026-11-22_h100_step06_v5_variants_run2.json")):
-        for v, r in _load(f)["variants"].items():
-            if v == "v5_default":                      # a copy of one of the listed configurations
-                continue
-            c = cfg.get(v)
-            desc = ([f"{c[0]}+1" if c[4] == "true" else c[0], str(16 * int(c[1])), c[2], c[3]]
-                    + ["yes" if c[i] == "true" else "no" for i in (4, 5, 6, 7)]) if c else ["—"] * 8
-            cells = [f"{b['tflops_student']:.0f} ({_x(b['ratio'])})" if (b := r["bench"].get(n)) and "ratio" in b
-                     else "—" for n in names]
-            out.append(f"| {v} (run {run}) | " + " | ".join(desc + cells) + " |")
-    return "\n".join(out)
+V5_SRC = HERE.parent / "solutions/06_cuda_flash_attention/ladder/v5_warp_specialized.cu"
+V5_FIELDS = ("consumer_warps", "rows_per_warp", "block_n", "stages", "producer", "overlap", "q_in_regs", "lazy",
+             "min_ctas_per_sm")
+# The variants that are not v5's template but the exercise's four functions in a harness
+# (ladder/v5_variants.py's docstring).
+V5_HARNESSES = {"solution_v4": "the exercise's solution in its harness (v4: 8 warps x 16 rows)",
+                "solution_h64": "the exercise's harness with 4 warps and 2 CTAs per SM",
+                "solution_ws": "a candidate harness with a producer warp and the overlap (not adopted)"}
+V5_TIMING = ("facourse.bench_attention as it was before the spin: CUDA events around each call with "
+             "Python's enqueue inside the timed window (see the timing probe), the L2 flushed, "
+             "interleaved rounds against FA2, median; the variants compare with one another more "
+             "reliably than with FA2")
 
+
+def step06_v5_variants() -> dict:
+    """v5's configurations (ladder/v5_variants.py, its own schema): what the lecture shows of them.
+
+    The configuration fields come from V5_VARIANT_LIST in v5_warp_specialized.cu; "v5_default"
+    (a copy of one listed configuration) is left out; sweep points under today's names."""
+    def field(name, x):
+        return x == "true" if name in ("producer", "overlap", "q_in_regs", "lazy") else (
+            16 * int(x) if name == "rows_per_warp" else int(x))
+    cfg = {m[1]: dict(zip(V5_FIELDS, (field(n, x.strip()) for n, x in zip(V5_FIELDS, m[2].split(",")))))
+           for m in re.finditer(r"X\((\w+),\s*v5::Cfg<([^>]*)>\)", V5_SRC.read_text())}
+    first = _load(VARIANTS[0])
+    out = {"source": [f"benchmarks/results/{f}" for f in VARIANTS], "gpu": first["gpu"], "torch": first["torch"],
+           "date": VARIANTS[0][:10], "dtype": "float16", "reference": "FLASH_ATTENTION", "timing": V5_TIMING,
+           "configs": [], "variants": []}
+    for run, f in enumerate(VARIANTS, 1):
+        for v, r in _load(f)["variants"].items():
+            if v == "v5_default":
+                continue
+            bench = {_new_name(n): b for n, b in r["bench"].items() if "ratio" in b}
+            for n in bench:
+                if n not in out["configs"]:
+                    out["configs"].append(n)
+            out["variants"].append({
+                "name": v, "run": run, "config": cfg.get(v), "harness": V5_HARNESSES.get(v),
+                "checks": [sum(x == "ok" for x in r["check"].values()), len(r["check"])],
+                "tflops": {n: b["tflops_student"] for n, b in bench.items()},
+                "tflops_ref": {n: b["tflops_ref"] for n, b in bench.items()},
+                "ratio": {n: b["ratio"] for n, b in bench.items()}})
+    return out
 
 
 TABLES = {
@@ -135,7 +160,7 @@ TABLES = {
     "step06_source": lambda: source("06"),
     "step06_ladder": lambda: R.ladder_table(_m("06")),
     "step06_bar": lambda: R.bar_table(_m("06")),
-    "step06_variants": step06_variants,
+    "step06_variants": lambda: R.variants_table(_m("06_v5_variants")),
     "step07": lambda: R.solution_table(_m("07")),
     "step07_source": lambda: source("07"),
     "step07_ladder": lambda: R.ladder_table(_m("07")),

@@ -9,6 +9,11 @@ timing probe) and writes the README's tables with the functions below, so both r
     >>> from facourse import results
     >>> d = results.load("05")                      # None when nothing is committed
     >>> print(results.bar_table(d))                 # the solution against FA2 and cuDNN
+
+Besides the steps, measured.json holds "timing_probe" (benchmarks/timing_probe.py) and
+"06_v5_variants" (step 06's v5 configurations, ladder/v5_variants.py: each variant's fields, checks,
+TFLOP/s and ratio per configuration, its run; timed with the older method, Python's enqueue inside
+the timed window, which its "timing" says): ``print(results.variants_table(results.load("06_v5_variants")))``.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ FA2, CUDNN = "FLASH_ATTENTION", "CUDNN_ATTENTION"
 
 
 def load(step: str, path: Path | str | None = None) -> dict | None:
-    """One step's results ("05", "06", "07", or "timing_probe") from course/results/measured.json."""
+    """One step's results ("05", "06", "07", "timing_probe" or "06_v5_variants") from course/results/measured.json."""
     p = Path(path) if path else MEASURED
     if not p.exists():
         return None
@@ -131,6 +136,32 @@ def timing_probe_table(d: dict) -> str:
         with_ = ", ".join(_x(r["ratio"]) for r in rs if r["hide_host"])
         out.append(f"| {name} | {dt} | {h['ours']:.0f} | {h['FA2']:.0f} | {rs[0]['flush_us']:.0f} | "
                    f"{without} | {with_} |")
+    return "\n".join(out)
+
+
+def variants_header(d: dict) -> str:
+    """Where step 06's v5 variants were measured, and how (an older timing method than the ladder's)."""
+    return (f"{d['gpu']}, {d['date']}, torch {d['torch']}, {d['dtype']}, against SDPA {d['reference']}; "
+            f"timing: {d['timing']}")
+
+
+def variants_table(d: dict) -> str:
+    """Step 06's v5 configurations ("06_v5_variants"): their fields, then TFLOP/s (t_FA2 / t_variant)
+    per configuration; a variant that is no configuration of v5's template says what it is instead."""
+    cols = ("warps", "rows/warp", "BLOCK_N", "stages", "producer", "overlap", "Q in regs", "lazy", "min CTAs/SM")
+    out = ["| variant | run | checks | " + " | ".join(cols) + " | " + " | ".join(d["configs"]) + " |",
+           "|---|---|---|" + "---|" * (len(cols) + len(d["configs"]))]
+    for v in d["variants"]:
+        c = v["config"]
+        if c:
+            yn = ["yes" if c[k] else "no" for k in ("producer", "overlap", "q_in_regs", "lazy")]
+            desc = [f"{c['consumer_warps']}+1" if c["producer"] else str(c["consumer_warps"]),
+                    str(c["rows_per_warp"]), str(c["block_n"]), str(c["stages"]), *yn, str(c["min_ctas_per_sm"])]
+        else:
+            desc = [v["harness"] or "—"] + [""] * (len(cols) - 1)
+        cells = [f"{v['tflops'][n]:.0f} ({_x(v['ratio'][n])})" if n in v["ratio"] else "—" for n in d["configs"]]
+        out.append(f"| {v['name']} | {v['run']} | {v['checks'][0]}/{v['checks'][1]} | "
+                   + " | ".join(desc + cells) + " |")
     return "\n".join(out)
 
 

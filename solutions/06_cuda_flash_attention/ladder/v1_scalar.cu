@@ -1,7 +1,7 @@
 // v1_scalar.cu: FlashAttention-2's loop in plain CUDA: K_j, V_j tiles in shared memory, one warp per
 // query row at a time, dot products with warp shuffles, online softmax per tile; no tensor cores.
 // verdict: correct and simple, CUDA-core bound; the baseline every later rung is compared with.
-// figure: 8 TFLOP/s on large (0.03x SDPA FA2), H100, 2026-11-22 (benchmarks/results/2026-11-22_h100_step06.json)
+// figure: 8 TFLOP/s on large (0.02x SDPA FA2), H100, 2026-11-22 (benchmarks/ladder.py: benchmarks/results/2026-11-22_h100_step06_ladder.json)
 #include "fa_primitives.cuh"
 #define FA_HARNESS_HELPERS_ONLY  // fa::num_key_tiles, fa::row_lse (the exercise harness's)
 #include "fa_harness.cuh"

@@ -3,7 +3,7 @@
 // conditional rescale of O, whose own share here is within the measurement spread. The kernel is
 // v5's (ladder/harness.cuh), with other switches (V6Traits below).
 // verdict: the fastest rung and the step's reference kernel: above FA2 on large and at every 4k-16k point
-// figure: 330 TFLOP/s on large (1.08x FA2), 1.4x v4; 1.10-1.15x FA2 over 4k-16k, H100 (benchmarks/results/2026-11-22_h100_step06_run4.json)
+// figure: 326 TFLOP/s on large (1.08x FA2), 1.4x v4; 1.07-1.13x FA2 over 4k-16k (fp16, bf16), H100 (benchmarks/ladder.py: benchmarks/results/2026-11-22_h100_step06_ladder.json)
 //
 // Why not v5's configuration (measured, see the lecture's table of variants): on sm_80/sm_90 without
 // setmaxnreg a producer warp takes a consumer's registers, and 16-row warps read K and V from shared
