@@ -72,7 +72,8 @@ def test_lecture_copy_ships_what_the_lectures_read():
 
 
 def test_lectures_and_diagrams_read_nothing_outside_the_student_archive():
-    for nb in ("course/05_triton_flash_attention.ipynb", "course/07_hopper_flash_attention.ipynb"):
+    for nb in ("course/05_triton_flash_attention.ipynb", "course/06_cuda_flash_attention.ipynb",
+               "course/07_hopper_flash_attention.ipynb"):
         src = "\n".join("".join(c["source"]) for c in json.loads((ROOT / nb).read_text())["cells"]
                         if c["cell_type"] == "code")
         for bad in ('"benchmarks"', "../benchmarks", "import tables", "autograder"):
