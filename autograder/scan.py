@@ -41,8 +41,7 @@ TAMPER_CALLS = {"exec", "eval", "compile", "__import__", "get_ipython", "exit", 
                 "breakpoint"}
 TAMPER_ATTRS = {("sys", "exit"), ("os", "_exit"), ("os", "kill"), ("os", "fork"), ("os", "system"),
                 ("os", "execv"), ("os", "execve"), ("os", "popen"), ("sys", "modules"), ("sys", "settrace"),
-                ("sys", "setprofile"), ("sys", "meta_path"), ("sys", "path_hooks"), ("sys", "stdout"),
-                ("sys", "stderr"), ("sys", "excepthook"), ("os", "environ")}
+                ("sys", "setprofile"), ("sys", "meta_path"), ("sys", "path_hooks"), ("sys", "excepthook")}
 FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_attention_forward|MultiheadAttention|"
                                  r"flash_attn|_scaled_dot_product|_flash_attention|_efficient_attention|"
                                  r"cudnn_attention|sdpa_kernel|sdpa_reference|torch_attention|"

@@ -205,6 +205,9 @@ def test_scan_flags_each_tampering(code):
 def test_scan_review_flags_and_clean_code():
     flags = scan_source("o = torch.nn.functional.scaled_dot_product_attention(q, k, v)", "cell x")
     assert [f.severity for f in flags] == ["review"]
+    ordinary = ("import os, sys, math\nos.environ['TRITON_INTERPRET'] = '1'\nprint('x', file=sys.stderr)\n"
+                "sys.path.append('.')\nx = getattr(torch, 'float16')\ntorch.manual_seed(0)\n")
+    assert all(f.severity == "review" for f in scan_source(ordinary, "cell x")), scan_source(ordinary, "cell x")
     assert not scan_source("from facourse import check_entry_point, make_inputs\n"
                            "def vanilla_attention(q, k, v, causal=False, scale=None):\n"
                            "    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v", "cell x")
