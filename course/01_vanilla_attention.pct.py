@@ -91,7 +91,7 @@ print("max |o - reference| =", float((o.double() - o_ref).abs().max()))
 # The course checks every implementation with one function, `check_entry_point`: it draws inputs for a
 # named configuration (as non-contiguous views, with new allocations filled with NaN so an unwritten
 # element shows), calls the function, and compares with a float64 reference under the rule of
-# DESIGN.md: no worse than twice PyTorch's own rounding in the same dtype, plus $10^{-3}$, and under
+# the course (its correctness rule): no worse than twice PyTorch's own rounding in the same dtype, plus $10^{-3}$, and under
 # 1 % relative. A failure names the configuration, the wrong rows and heads, and a likely cause.
 
 # %%

@@ -1,4 +1,4 @@
-"""The one benchmark of the course (DESIGN.md, "Performance rule").
+"""The one benchmark of the course (docs/DESIGN.md, "Performance rule").
 
 Student and reference run in the same process on the same inputs, in interleaved A/B rounds,
 timed with CUDA events, with L2 flushed before every call, after a warm-up; each side reports

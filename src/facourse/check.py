@@ -1,4 +1,4 @@
-"""The one correctness check of the course (DESIGN.md, "Correctness rule").
+"""The one correctness check of the course (docs/DESIGN.md, "Correctness rule").
 
 A result passes when all hold:
   1. it is finite where the reference is defined, and -inf/0 exactly where a row sees no key;

@@ -56,7 +56,7 @@ def _five(B_S: dict, Hq: int, Hkv: int, D: int) -> dict[str, AttnConfig]:
     return out
 
 
-#: DESIGN.md's five configurations at full size (GPU, fp16).
+#: The five configurations (docs/DESIGN.md) at full size (GPU, fp16).
 CONFIGS: dict[str, AttnConfig] = _five({
     "small": (1, 128, 128, True),
     "medium": (4, 512, 512, True),
