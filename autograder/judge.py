@@ -51,6 +51,9 @@ from .plans import Test, plan_of
 
 #: A perf record's reference time must be within this factor of the judge's own calibration.
 CALIBRATION_FACTOR = 1.5
+#: Bytes of outputs one submission may send (the largest plan needs well under a tenth of this):
+#: a kernel that floods the judge cannot exhaust the grading machine's memory.
+RECEIVE_BUDGET = {"cpu": 1 << 30, "cuda": 16 << 30}
 _ERRORS = {c.__name__: c for c in (AttentionCheckError, SoftmaxCheckError, CheatDetected)}
 # The checks print their summary lines; the judge keeps them for the verdict. Swapping sys.stdout
 # is process-wide, so verdicts of concurrent submissions take turns (a verdict takes seconds).
@@ -126,6 +129,7 @@ class Judge:
         self._sock.bind(self.address)
         self._sock.listen(8)
         self._threads: list[threading.Thread] = []
+        self._budget = RECEIVE_BUDGET["cuda" if device.startswith("cuda") else "cpu"]
         self._accepting = threading.Thread(target=self._accept, daemon=True)
         self._accepting.start()
 
@@ -144,12 +148,13 @@ class Judge:
         with conn:
             while True:
                 try:
-                    header, blobs = wire.recv(conn)
+                    header, blobs = wire.recv(conn, self._budget)
                 except EOFError:
                     return
                 except (wire.WireError, OSError, ValueError) as err:
                     self._violation(f"a malformed message reached the judge ({err})")
                     return
+                self._budget -= sum(len(b) for b in blobs)
                 try:
                     reply = self._handle(header, blobs)
                 except Exception as err:        # a bug of ours must not hang the kernel

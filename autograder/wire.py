@@ -106,9 +106,10 @@ def send(sock: socket.socket, header: dict, blobs: list[bytes] = ()) -> None:
         sock.sendall(b)
 
 
-def recv(sock: socket.socket) -> tuple[dict, list[bytes]]:
+def recv(sock: socket.socket, max_blobs: int = MAX_BLOBS) -> tuple[dict, list[bytes]]:
+    """One message; a message whose tensors exceed ``max_blobs`` bytes is refused before it is read."""
     n_head, n_blobs = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    if n_head > MAX_HEADER or n_blobs > MAX_BLOBS:
+    if n_head > MAX_HEADER or n_blobs > min(max_blobs, MAX_BLOBS):
         raise WireError(f"message too large ({n_head} + {n_blobs} bytes)")
     try:
         header = json.loads(_recv_exact(sock, n_head))

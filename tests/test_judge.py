@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 import pytest
 import torch
@@ -310,3 +311,25 @@ def test_tamper_flags_zero_the_judged_tests_unless_an_instructor_trusts_them():
     assert "imports atexit" in res.messages["test_small"] and "own verdict: passed" in res.messages["test_small"]
     res = graded(True)
     assert res.score == 1 and not res.failed and "waived" in res.status and res.flags
+
+
+def test_a_flood_of_bytes_is_refused_before_it_is_read():
+    from autograder import judge as J
+    j = Judge(A, points_of(A))
+    j._budget = 1000
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(j.address)
+    head = b'{"op": "call", "test": "test_small", "blob_sizes": [1000000]}'
+    try:
+        s.sendall(struct.pack("!IQ", len(head), 1_000_000) + head + b"\0" * 4096)
+        s.recv(10)                      # the judge hangs up without reading the bytes
+    except OSError:
+        pass
+    for _ in range(100):
+        if j.violations:
+            break
+        time.sleep(0.05)
+    j.finish()
+    assert any("too large" in v for v in j.violations), j.violations
+    assert J.RECEIVE_BUDGET["cpu"] >= 1 << 28
