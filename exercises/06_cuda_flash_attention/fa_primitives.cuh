@@ -92,9 +92,18 @@ FA_DEVICE float quad_sum(float x) {
 // A row is D/8 chunks of 16 bytes. Chunk c of row r is stored at chunk c ^ (r % 8): the 8 rows an
 // ldmatrix reads at one logical chunk land in 8 different chunks of a 128-byte line, so the 32 banks
 // are each hit once (no conflict). Needs D >= 64.
+// (The course's ladder builds these same files with row-major tiles, element (r, c) at r * D + c, to
+// measure the bank conflicts the swizzle removes: rungs v2 and v3, whose harness traits, named by
+// FA_HARNESS_TRAITS, say kSwizzle = false. The exercise never sets it.)
+#ifdef FA_HARNESS_TRAITS
+constexpr bool kSwizzleTiles = FA_HARNESS_TRAITS::kSwizzle;
+#else
+constexpr bool kSwizzleTiles = true;
+#endif
 template <int D>
 FA_DEVICE int swizzle(int row, int col) {
   static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
+  if constexpr (!kSwizzleTiles) return row * D + col;
   return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
