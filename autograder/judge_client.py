@@ -28,8 +28,7 @@ from facourse.check import collecting
 
 from . import wire
 from .checks import CHECKS
-
-ENV = "FACOURSE_JUDGE"
+from .model import JUDGE_ENV as ENV
 
 
 class JudgeFailure(AssertionError):

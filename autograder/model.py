@@ -13,6 +13,7 @@ SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 SAMPLES = HERE / "samples"
 DEFAULT_WORKSPACE = ROOT / "grading"
+JUDGE_ENV = "FACOURSE_JUDGE"         # the kernel finds the judge's socket here (judge_client.py)
 
 
 class GradingError(Exception):

@@ -23,8 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from . import gradebook, staging
-from .judge_client import ENV as JUDGE_ENV
-from .model import HERE, SOLUTIONS, Result, atomic_write, hash_tree, notebooks_of, result_path
+from .model import HERE, JUDGE_ENV, SOLUTIONS, Result, atomic_write, hash_tree, notebooks_of, result_path
 from .scan import as_records, scan_submission
 
 # nvidia-smi numbers GPUs in PCI order; make CUDA (here and in the workers) agree
