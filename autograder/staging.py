@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .model import EXERCISES, HERE, ROOT, GradingError, assignments, notebooks_of
+from .model import EXERCISES, HERE, ROOT, SOLUTIONS, GradingError, assignments, hash_tree, notebooks_of
 
 
 def nbgrader_env(workspace: Path, **extra) -> dict:
@@ -133,10 +133,38 @@ def stage(src: Path, dst: Path) -> None:
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
 
 
+#: Releases already generated, by the hash of their sources (nbgrader takes ~13 s per assignment).
+RELEASE_CACHE = ROOT / "grading" / ".release-cache"
+
+
 def prepare(workspace: Path, todo: list[str]) -> None:
     """Release into the workspace (the gradebook must know each graded cell) and make the
-    template gradebook that every worker copies."""
-    release(todo, workspace, release_dir=workspace / "release", quiet=True)
+    template gradebook that every worker copies.
+
+    A fresh workspace takes the release and its gradebook from :data:`RELEASE_CACHE` when the same
+    sources were released before; a workspace that already has a gradebook (grades in it) is
+    always released into afresh.
+    """
+    import nbgrader
+
+    fresh = not (workspace / "gradebook.db").exists()
+    key = hash_tree(*(SOLUTIONS / a for a in sorted(todo)), HERE / "nbgrader_config.py") + nbgrader.__version__
+    cached = RELEASE_CACHE / key
+    if fresh and (cached / "gradebook.db").is_file():
+        workspace.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(cached / "release", workspace / "release", dirs_exist_ok=True)
+        shutil.copyfile(cached / "gradebook.db", workspace / "gradebook.db")
+    else:
+        release(todo, workspace, release_dir=workspace / "release", quiet=True)
+        if fresh:
+            tmp = RELEASE_CACHE / f".{key}.{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(workspace / "release", tmp / "release")
+            shutil.copyfile(workspace / "gradebook.db", tmp / "gradebook.db")
+            try:
+                os.replace(tmp, cached)      # another process may have stored the same key first
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
     (workspace / "work").mkdir(parents=True, exist_ok=True)
     src = sqlite3.connect(workspace / "gradebook.db")
     dst = sqlite3.connect(workspace / "work" / "template.db")

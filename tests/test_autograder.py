@@ -190,3 +190,15 @@ def test_perf_points_follow_thresholds():
     assert perf.points_for(0.69, t, 2) == 1 and perf.points_for(0.7, t, 2) == 2
     with pytest.raises(KeyError):
         perf.thresholds("99_none")
+
+
+def test_a_fresh_workspace_takes_the_release_from_the_cache(tmp_path, monkeypatch):
+    """The second fresh workspace of the same sources copies the release; nbgrader does not run."""
+    monkeypatch.setattr(staging, "RELEASE_CACHE", tmp_path / "cache")
+    a = ["01_vanilla_attention"]
+    staging.prepare(tmp_path / "ws1", a)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    monkeypatch.setattr(staging, "release", lambda *args, **kw: pytest.fail("released again"))
+    staging.prepare(tmp_path / "ws2", a)
+    assert (tmp_path / "ws2" / "release" / a[0] / f"{a[0]}.ipynb").is_file()
+    assert {c["name"] for c in gradebook.graded_cells(tmp_path / "ws2" / "work" / "template.db", a[0])} >= {"test_small"}
