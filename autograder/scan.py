@@ -76,9 +76,8 @@ def _dotted(node) -> str:
 
 
 class _Visitor(ast.NodeVisitor):
-    def __init__(self, entry_points: set[str]):
+    def __init__(self):
         self.hits: list[tuple[str, int, str]] = []
-        self.entry_points = entry_points
         self.modules = set(MODULES)
 
     def hit(self, severity, node, rule):
@@ -105,8 +104,6 @@ class _Visitor(ast.NodeVisitor):
                 self.hit("tamper", node, f"rebinds {name}, which the test cells use")
             if root in ("torch", "facourse", "os", "sys") and a.name in ("exit", "_exit", "modules"):
                 self.hit("tamper", node, f"imports {mod}.{a.name}")
-            if root and a.name[:1].islower() and "." not in a.name:
-                pass
 
     # bindings ------------------------------------------------------------------------
     def _target(self, t, node):
@@ -217,7 +214,7 @@ def _student_cells(nb: dict) -> list[tuple[str, str]]:
     return out
 
 
-def scan_source(source: str, where: str, entry_points: set[str] = frozenset()) -> list[Flag]:
+def scan_source(source: str, where: str) -> list[Flag]:
     lines = source.splitlines()
     # IPython syntax (magics, shell escapes) is not Python: a magic is flagged, the rest parsed
     clean = []
@@ -234,7 +231,7 @@ def scan_source(source: str, where: str, entry_points: set[str] = frozenset()) -
     except SyntaxError as err:
         return flags + [Flag("review", f"{where}, line {err.lineno or 0}", "does not parse as Python",
                              (lines[(err.lineno or 1) - 1] if lines else ""))]
-    v = _Visitor(set(entry_points))
+    v = _Visitor()
     v.visit(tree)
     seen = set()
     for severity, n, rule in v.hits:
