@@ -18,7 +18,7 @@ Hidden cells call these around the student's entry point:
   output fails with a message that says so.
 * :func:`roofline_verdict` says whether a measured time is faster than the GPU can possibly run
   the work (above its peak tensor throughput): then the measurement is not trusted and the perf
-  cell scores 0 (:func:`autograder.perf.perf_points` calls it).
+  test scores 0 (:meth:`autograder.judge.Judge._perf` calls it).
 
 Inputs are always drawn from fresh seeds the student never sees; mutating the inputs and leaving
 part of the output unwritten are caught by ``facourse.check_entry_point`` itself.

@@ -19,14 +19,14 @@ from pathlib import Path
 
 from .model import EXERCISES, GradingError
 from .plans import plan_of
-from .scan import _student_cells
+from .scan import student_cells
 
 ENTRY_POINTS = {"05_triton_flash_attention": "flash_attention_triton",
                 "06_cuda_flash_attention": "flash_attention_cuda",
                 "07_hopper_flash_attention": "flash_attention_hopper"}
 
 
-def _given_and_student_cells(nb: dict) -> list[str]:
+def _given_andstudent_cells(nb: dict) -> list[str]:
     """Every code cell but the tests: the given set-up cells and the student's own."""
     out = []
     for cell in nb.get("cells", []):
@@ -58,10 +58,10 @@ def retime(folder: Path, assignment: str) -> int:
         if p.is_file():
             shutil.copy2(p, work / p.name)
     nb = json.loads(nbs[0].read_text(encoding="utf-8"))
-    print(f"{len(_student_cells(nb))} student cell(s); running the notebook's code cells (no test cell)")
+    print(f"{len(student_cells(nb))} student cell(s); running the notebook's code cells (no test cell)")
     # one file, the cells in order (Triton's @jit reads a kernel's source from its file)
     code = "\n\n".join("\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!")))
-                       for src in _given_and_student_cells(nb))
+                       for src in _given_andstudent_cells(nb))
     (work / "_retimed_submission.py").write_text(code, encoding="utf-8")
     cwd = os.getcwd()
     os.chdir(work)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 #: Names the test cells call or rely on; a student cell that rebinds one is tampering.
 PROTECTED = {"judge", "check_entry_point", "check_all", "check_attention", "check_softmax_fn",
-             "check_merge_fn", "check_no_caching", "forbid_framework_attention", "perf_points",
+             "check_merge_fn", "check_no_caching", "forbid_framework_attention",
              "require_gpu", "require_sm90a", "on_hopper", "check_sass", "nvcc_compile_check",
              "KERNEL_DIR", "STUDENT_SOURCE", "facourse", "autograder", "torch", "print"}
 MODULES = {"torch", "facourse", "autograder", "builtins", "sys", "os", "importlib", "IPython", "F",
@@ -199,7 +199,7 @@ class _Visitor(ast.NodeVisitor):
             self.hit("tamper", node, "reads the judge's address")
 
 
-def _student_cells(nb: dict) -> list[tuple[str, str]]:
+def student_cells(nb: dict) -> list[tuple[str, str]]:
     """(label, source) of every code cell the student wrote: solution cells and added cells."""
     out = []
     for i, cell in enumerate(nb.get("cells", [])):
@@ -265,7 +265,7 @@ def scan_submission(folder: Path, notebooks: list[str]) -> list[Flag]:
             nb = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        for label, src in _student_cells(nb):
+        for label, src in student_cells(nb):
             flags += scan_source(src, f"{nb_name}.ipynb {label}")
     cu = folder / "student_kernel.cu"
     if cu.is_file():
