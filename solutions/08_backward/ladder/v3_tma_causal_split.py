@@ -1,0 +1,299 @@
+"""v3: the fast backward: host tensor descriptors (TMA), the causal split (unmasked tiles carry
+no mask, only the diagonal's are masked), exp2 with log2(e) folded into the scale, the dK/dV loop
+computed transposed (no register transposes), and a tile table measured per shape class.
+
+v3 verdict: 311 TFLOP/s backward on large (1.50x SDPA FLASH's backward), 368-454 on the 4k-16k sweep (1.43-1.49x), fp16 and bf16, causal and not; deterministic (H100).
+Measured: tune.py on an H100 80GB HBM3 (PyTorch 2.11, Triton 3.6), 2026-11-22: the backward alone (torch.autograd.grad after one forward), L2 flushed, median of 25, interleaved with SDPA FLASH_ATTENTION's backward in the same process; TFLOP/s count the backward as 2.5x the forward's FLOPs.
+Forward + backward (step 05's v6 forward): 341 TFLOP/s on large (1.49x SDPA FLASH), 392-494 on the sweep (1.48-1.55x).
+v2 -> v3: 1.22x on large, 1.27-1.39x on the sweep.
+
+What changed from v2, and why.
+* The preprocess writes, besides D_i = rowsum(dO_i * O_i), m_i = lse_i * log2(e) (+inf on empty
+  rows) into buffers padded to a multiple of 128 rows (padding: D = 0, m = +inf). The main loops
+  then load both with no mask, and P_ij = exp2(S_ij * scale * log2(e) - m_i) is one FMA and one
+  exp2 per element (ex2.approx, as in the forward).
+* Q, K, V, dO, dQ, dK, dV go through 4-D host tensor descriptors ([B, H, S, D] with the tensors'
+  own strides, as in step 05's v6): rows past Sq or Skv read as zeros and their stores are
+  clipped. Padded query rows have m = +inf, hence P = 0; padded key rows only touch dK, dV rows
+  that are never stored; so the only masks left are the causal diagonal's and, in the dQ loop,
+  the ragged last key tile's.
+* The dK/dV program computes S^T = K Q^T, P^T, dP^T = V dO^T and dS^T directly: P^T and dS^T come
+  out of the tensor cores in the layout the next products (dV += P^T dO, dK += dS^T Q) take from
+  registers, so no tile is transposed through shared memory.
+* Causal: the dK/dV loop visits the masked query tiles on the diagonal first, then the unmasked
+  ones below it; the dQ loop the unmasked key tiles first, then the diagonal. The heaviest
+  programs (key tile 0, the last query tile) are launched first.
+* ``FUSED_DQ`` (a candidate, see TILES): the dK/dV program also adds dS Q-side products into an
+  fp32 dQ with atomics, as FlashAttention-2 does, and the dQ kernel is skipped. Float atomics add
+  in whatever order the programs arrive: dQ is then not bit-reproducible from run to run.
+
+Run on its own:  python v3_tma_causal_split.py   (TRITON_INTERPRET=1 on a machine without a GPU)
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (sets up the interpreter without a GPU, before triton is imported)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+LOG2E = 1.4426950408889634
+PAD = 128                                   # lse / Delta rows are padded to a multiple of this
+
+
+# ----------------------------------------------------------------------------- kernels
+@triton.jit
+def bwd_preprocess(O, DO, LSE, Delta, M2, sob, soh, sos, sdob, sdoh, sdos, Hq, Sq, Sq_pad,
+                   D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Delta = rowsum(dO * O) and M2 = lse * log2(e) (+inf where lse = -inf), padded rows 0 / +inf."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    rows = offs_m < Sq
+    o = tl.load(O + b.to(tl.int64) * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :],
+                mask=rows[:, None], other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :],
+                 mask=rows[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    lse = tl.load(LSE + bh.to(tl.int64) * Sq + offs_m, mask=rows, other=float("-inf"))
+    m2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(Delta + bh.to(tl.int64) * Sq_pad + offs_m, delta)
+    tl.store(M2 + bh.to(tl.int64) * Sq_pad + offs_m, m2)
+
+
+@triton.jit
+def dkdv_tiles(dk, dv, k, v, q_desc, do_desc, M2, Delta, DQacc, row_base, b, h, offs_n, lo, hi,
+               off, qk_scale, scale, sdq_s,
+               BLOCK_M: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, FUSED_DQ: tl.constexpr):
+    """Query tiles [lo, hi) against one key tile, transposed: S^T = K Q^T [BLOCK_N, BLOCK_M]."""
+    for start_m in tl.range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = q_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, D)       # rows past Sq read 0
+        do = do_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, D)
+        m2 = tl.load(M2 + row_base + offs_m)                          # padded: +inf
+        delta = tl.load(Delta + row_base + offs_m)                    # padded: 0
+        sT = tl.dot(k, tl.trans(q))                                   # S^T = K Q^T
+        pT = tl.math.exp2(sT * qk_scale - m2[None, :])                # P^T
+        if MASKED:                                                    # key j visible iff j <= i + off
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + off, pT, 0.0)
+        dv = tl.dot(pT.to(do.dtype), do, dv)                          # dV += P^T dO
+        dpT = tl.dot(v, tl.trans(do))                                 # dP^T = V dO^T
+        dsT = pT * (dpT - delta[None, :])                             # dS^T = P^T (dP^T - D)
+        dsT = dsT.to(q.dtype)
+        dk = tl.dot(dsT, q, dk)                                       # dK += dS^T Q
+        if FUSED_DQ:                                                  # dQ += scale dS K, atomically
+            dq = tl.dot(tl.trans(dsT), k) * scale
+            ptrs = DQacc + (row_base + offs_m[:, None]) * D + tl.arange(0, D)[None, :]
+            tl.atomic_add(ptrs, dq, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def bwd_dkdv(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, M2, Delta, DQacc,
+             Hq, Sq, Skv, Sq_pad, qk_scale, scale,
+             GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FUSED_DQ: tl.constexpr):
+    pid_n = tl.program_id(0)                 # key tile 0 (the most work when causal) first
+    h_kv = tl.program_id(1)
+    b = tl.program_id(2)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = k_desc.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
+    v = v_desc.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
+    dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+
+    off = Skv - Sq
+    end_m = tl.cdiv(Sq, BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        # masked: from the first row that sees key start_n to the first row that sees the whole tile
+        lo = tl.maximum(start_n - off, 0) // BLOCK_M * BLOCK_M
+        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M
+        mid = tl.minimum(tl.maximum(mid, lo), end_m)
+    else:
+        lo = 0
+        mid = 0
+    for g in range(GROUP):                   # the query heads of this KV head: no atomics for dK/dV
+        h = h_kv * GROUP + g
+        row_base = (b * Hq + h).to(tl.int64) * Sq_pad
+        if CAUSAL:
+            dk, dv = dkdv_tiles(dk, dv, k, v, q_desc, do_desc, M2, Delta, DQacc, row_base, b, h, offs_n,
+                                lo, mid, off, qk_scale, scale, D, BLOCK_M, D, True, FUSED_DQ)
+        dk, dv = dkdv_tiles(dk, dv, k, v, q_desc, do_desc, M2, Delta, DQacc, row_base, b, h, offs_n,
+                            mid, end_m, off, qk_scale, scale, D, BLOCK_M, D, False, FUSED_DQ)
+    dk_desc.store([b, h_kv, start_n, 0], (dk * scale).to(dk_desc.dtype).reshape(1, 1, BLOCK_N, D))
+    dv_desc.store([b, h_kv, start_n, 0], dv.to(dv_desc.dtype).reshape(1, 1, BLOCK_N, D))
+
+
+@triton.jit
+def dq_tiles(dq, q, do, m2, delta, k_desc, v_desc, b, h_kv, offs_m, lo, hi, Skv, off, qk_scale,
+             BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key tiles [lo, hi) against one query tile."""
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        k = k_desc.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
+        v = v_desc.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
+        s = tl.dot(q, tl.trans(k))                                    # S = Q K^T
+        p = tl.math.exp2(s * qk_scale - m2[:, None])                  # P
+        if MASKED:
+            cols = start_n + tl.arange(0, BLOCK_N)
+            keep = cols[None, :] < Skv
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None] + off)
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))                                  # dP = dO V^T
+        ds = p * (dp - delta[:, None])                                # dS = P (dP - D)
+        dq = tl.dot(ds.to(k.dtype), k, dq)                            # dQ += dS K
+    return dq
+
+
+@triton.jit
+def bwd_dq(q_desc, k_desc, v_desc, do_desc, dq_desc, M2, Delta, Hq, Sq, Skv, Sq_pad, qk_scale, scale,
+           GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    num_m = tl.cdiv(Sq, BLOCK_M)
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m            # the longest rows first
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    h_kv = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = q_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, D)
+    do = do_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, D)
+    row_base = (b * Hq + h).to(tl.int64) * Sq_pad
+    m2 = tl.load(M2 + row_base + offs_m)
+    delta = tl.load(Delta + row_base + offs_m)
+    dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+
+    off = Skv - Sq
+    full_n = (Skv // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        end_free = tl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N
+        end_free = tl.minimum(end_free, full_n)
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), Skv)
+    else:
+        end_free = full_n
+        hi = Skv
+    dq = dq_tiles(dq, q, do, m2, delta, k_desc, v_desc, b, h_kv, offs_m, 0, end_free, Skv, off, qk_scale,
+                  BLOCK_N, D, False, CAUSAL)
+    dq = dq_tiles(dq, q, do, m2, delta, k_desc, v_desc, b, h_kv, offs_m, end_free, hi, Skv, off, qk_scale,
+                  BLOCK_N, D, True, CAUSAL)
+    dq_desc.store([b, h, start_m, 0], (dq * scale).to(dq_desc.dtype).reshape(1, 1, BLOCK_M, D))
+
+
+# ----------------------------------------------------------------------------- host wrapper
+# Per kernel: (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV's BLOCK_N is its key tile (kept on
+# chip), BLOCK_M the query tile it streams; dQ's BLOCK_M is its query tile, BLOCK_N the key tile.
+# Measured on an H100 by tune.py (fp16; one kernel at a time; `large` for causal_short, causal_8k
+# for causal_long, noncausal_8k for full). The same two tiles won every class:
+#   dK/dV 64 x 128, 8 warps, 3 stages: 1.43 / 2.09 / 3.83 ms (2 stages 1.50 / 2.26 / 4.52; 64 x 64,
+#         4 warps, 3 stages 1.51 / 2.28 / 4.43; 128 x 128 and 4-warp 128-key tiles 3-4x slower: spills)
+#   dQ    128 x 64, 8 warps, 3 stages: 0.87 / 1.37 / 2.52 ms (128 x 32, 4 warps 0.90 / 1.50 / 2.65;
+#         128 x 128 0.94 / 1.51 / 2.72)
+#   fused atomic dQ (dK/dV 64 x 128, 8 warps, 3 stages): 2.79 / 4.29 / 7.00 ms against the two
+#         kernels' 2.30 / 3.46 / 6.35 ms: the atomics lose, so the table keeps dQ in its own kernel.
+TILES = {
+    "causal_short": {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3), "fused_dq": False},   # Sq < 4096
+    "causal_long": {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3), "fused_dq": False},    # Sq >= 4096
+    "full": {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3), "fused_dq": False},           # non-causal
+}
+PORTABLE_TILES = {"dkdv": (64, 64, 4, 2), "dq": (64, 64, 4, 2), "fused_dq": False}
+INTERPRET_TILES = {"dkdv": (64, 64, 4, 1), "dq": (64, 64, 4, 1), "fused_dq": False}
+FORCE_TILES = None                          # a dict like TILES' entries overrides the table (tune.py)
+PARTS = ("dkdv", "dq")                      # tune.py times one kernel at a time by narrowing this
+
+
+def pick_tiles(Sq, Skv, D, causal):
+    if FORCE_TILES is not None:
+        return FORCE_TILES
+    if common.INTERPRET:
+        return INTERPRET_TILES
+    if torch.cuda.get_device_capability()[0] < 9:
+        return PORTABLE_TILES
+    if not causal:
+        return TILES["full"]
+    return TILES["causal_short" if Sq < 4096 else "causal_long"]
+
+
+def _tma_ready(t):
+    es = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+
+
+def _desc(t, rows, D):
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D])
+
+
+def attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
+    """(dq, dk, dv) in the inputs' dtype. q, o, do [B,Hq,Sq,D]; k, v [B,Hkv,Skv,D] (any strides)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    assert k.shape == v.shape and Hq % Hkv == 0 and o.shape == do.shape == q.shape
+    scale = common.default_scale(D, scale)
+    q, k, v, do = (t if t.stride(-1) == 1 and _tma_ready(t) else t.contiguous() for t in (q, k, v, do))
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if Sq == 0 or Skv == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    tiles = pick_tiles(Sq, Skv, D, causal)
+    Sq_pad = triton.cdiv(Sq, PAD) * PAD
+    delta = torch.empty((B, Hq, Sq_pad), dtype=torch.float32, device=q.device)
+    m2 = torch.empty_like(delta)
+    lse = lse.contiguous()
+    bwd_preprocess[(Sq_pad // PAD, B * Hq)](o, do, lse, delta, m2, *o.stride()[:3], *do.stride()[:3],
+                                            Hq, Sq, Sq_pad, D=D, BLOCK_M=PAD)
+    qk_scale = scale * LOG2E
+    common_meta = dict(GROUP=Hq // Hkv, D=D, CAUSAL=bool(causal))
+
+    def launch(cfg):
+        return {} if common.INTERPRET else dict(num_warps=cfg[2], num_stages=cfg[3])
+
+    fused = tiles["fused_dq"]
+    dq_acc = torch.zeros((B, Hq, Sq_pad, D), dtype=torch.float32, device=q.device) if fused else delta
+    if "dkdv" in PARTS:
+        bm, bn = tiles["dkdv"][:2]
+        bwd_dkdv[(triton.cdiv(Skv, bn), Hkv, B)](
+            _desc(q, bm, D), _desc(k, bn, D), _desc(v, bn, D), _desc(do, bm, D), _desc(dk, bn, D),
+            _desc(dv, bn, D), m2, delta, dq_acc, Hq, Sq, Skv, Sq_pad, qk_scale, scale,
+            **common_meta, BLOCK_M=bm, BLOCK_N=bn, FUSED_DQ=fused, **launch(tiles["dkdv"]))
+    if fused:
+        dq.copy_(dq_acc[:, :, :Sq])
+    elif "dq" in PARTS:
+        bm, bn = tiles["dq"][:2]
+        bwd_dq[(triton.cdiv(Sq, bm), Hq, B)](
+            _desc(q, bm, D), _desc(k, bn, D), _desc(v, bn, D), _desc(do, bm, D), _desc(dq, bm, D),
+            m2, delta, Hq, Sq, Skv, Sq_pad, qk_scale, scale,
+            **common_meta, BLOCK_M=bm, BLOCK_N=bn, **launch(tiles["dq"]))
+    return dq, dk, dv
+
+
+flash_attention_train = common.make_train_fn(attention_backward, "FlashAttentionTrainV3")
+
+
+# ----------------------------------------------------------------------------- test
+def test():
+    from facourse.configs import EDGE_CASES, make_inputs, scaled
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dt = torch.float16
+    for cfg in [scaled(EDGE_CASES["ragged"], Sq=100, Skv=133), scaled(EDGE_CASES["empty_rows"], Sq=150, Skv=70),
+                scaled(EDGE_CASES["mqa"], Sq=90, Skv=90), scaled(EDGE_CASES["decode"], Skv=150),
+                scaled(EDGE_CASES["ragged_noncausal"], Sq=77, Skv=140)]:
+        q, k, v = make_inputs(cfg, 0, dev, dt, "bshd")
+        do = torch.randn(q.shape[0], q.shape[2], q.shape[1], q.shape[3], dtype=dt, device=dev).transpose(1, 2)
+        o, lse = common.attention_forward(q, k, v, cfg.causal)
+        got = attention_backward(q, k, v, o, lse, do, cfg.causal)
+        _, *ref = common.reference_grads(q, k, v, do, cfg.causal)
+        print(cfg.name, common.check_grads(got, ref, common.low_precision_grads(q, k, v, do, cfg.causal)))
+
+
+if __name__ == "__main__":
+    test()
