@@ -37,7 +37,7 @@
 # %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import torch
 
-from facourse import SOFTMAX_CASES, check_softmax_fn
+from facourse import SOFTMAX_CASES, check_softmax_fn, check_visible
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Your task
@@ -85,11 +85,17 @@ from autograder.judge_client import judge  # grading only: the judge decides thi
 judge("test_small", safe_softmax)
 ### END HIDDEN TESTS
 
+# %% nbgrader={"grade": false, "grade_id": "visible_checks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The visible cases: the classic bugs of a softmax fail one of them (overflow-sized logits, fully -inf
+# rows, a dim other than the last). It stops at the first failure with the check's message.
+check_visible(safe_softmax, "02")
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hidden_md", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Hidden tests
 #
-# The cells below are graded with inputs you do not see. Passing `small` is necessary, not sufficient:
-# try the other cases yourself, e.g. `check_softmax_fn(safe_softmax, "overflow")`.
+# The cells below are graded with inputs you do not see. Passing `small` and the visible cases is
+# necessary, not sufficient: the hidden tests draw from seeds you never see. Try any case yourself, e.g.
+# `check_softmax_fn(safe_softmax, "overflow")`.
 
 # %% nbgrader={"grade": true, "grade_id": "test_configs", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 # hidden test: the attention scores of medium, large, noncausal and asymmetric

@@ -48,7 +48,7 @@
 # %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import torch
 
-from facourse import SOFTMAX_CASES, check_merge_fn, check_softmax_fn
+from facourse import SOFTMAX_CASES, check_merge_fn, check_softmax_fn, check_visible
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task_merge", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Task 1: the merge
@@ -135,6 +135,13 @@ check_softmax_fn(online_softmax, "small", block_size=32)
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_small", online_softmax)
 ### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "grade_id": "visible_checks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The visible cases: the classic bugs of online softmax and of the merge fail one of them (a missing
+# alpha rescale, a last block that is shorter, blocks that are all -inf, empty states). It stops at
+# the first failure with the check's message.
+check_visible(merge_softmax_states, "03_merge")
+check_visible(online_softmax, "03")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hidden_md", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Hidden tests

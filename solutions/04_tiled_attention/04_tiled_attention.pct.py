@@ -66,7 +66,7 @@ import math
 
 import torch
 
-from facourse import check_entry_point, validate_inputs
+from facourse import check_entry_point, check_visible, validate_inputs
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Your task
@@ -144,10 +144,16 @@ from autograder.judge_client import judge  # grading only: the judge decides thi
 judge("test_small", tiled_attention)
 ### END HIDDEN TESTS
 
+# %% nbgrader={"grade": false, "grade_id": "visible_checks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The visible cases: each classic bug of a tiled attention fails one of them (a missing alpha
+# rescale, top-left causal when Sq != Skv, a skipped last partial tile, rows that see no key, ...).
+# It stops at the first failure with the check's message.
+check_visible(tiled_attention, "04")
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hidden_md", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Hidden tests
 #
-# The cells below are graded with inputs you do not see. Passing `small` is necessary, not sufficient: think
+# The cells below are graded with inputs you do not see. Passing the visible cases is necessary, not sufficient: think
 # about `Sq != Skv`, rows that see no key, GQA head mapping, lengths that are no multiple of a block, and
 # which tiles you compute. Every configuration named here works with `check_entry_point` too.
 

@@ -14,7 +14,8 @@ import math
 import triton
 import triton.language as tl
 
-from facourse import check_entry_point, validate_inputs
+from facourse import check_entry_point, check_visible
+from facourse.triton_setup import validate_triton_inputs
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -159,7 +160,7 @@ LOG2E = 1.4426950408889634
 
 def flash_attention_triton(q, k, v, causal=False, scale=None):
     """FlashAttention-2 forward. Returns (o, lse): o like q, lse float32 [B, Hq, Sq]."""
-    validate_inputs(q, k, v, scale)
+    validate_triton_inputs(q, k, v, scale)    # the contract; D = 64 or 128; no bf16 in the interpreter
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -192,6 +193,13 @@ check_entry_point(flash_attention_triton, "small", expect_lse=True, scale=0.05)
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_small", flash_attention_triton)
 ### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "grade_id": "visible_checks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The visible cases: each classic bug of the kernel fails one of them, in the interpreter's tiles
+# (128 x 128) as in a GPU's: several key tiles (the alpha rescale), Sq != Skv (the causal offset),
+# ragged lengths (the grid and the last partial tile), rows that see no key, decode, D = 64.
+# It stops at the first failure with the check's message. In the interpreter it takes about 20 s.
+check_visible(flash_attention_triton, "05")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hidden_md", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Hidden tests

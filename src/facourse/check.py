@@ -142,6 +142,29 @@ def _fmt_rows(bad_rows: torch.Tensor, Sq: int) -> str:
 
 
 # ----------------------------------------------------------------------------- diagnosis
+def _masked_attention(q, k, v, scale, mask):
+    """Attention in float64 (fp32 on a GPU) with an arbitrary [Sq, Skv] mask (True = visible);
+    rows with no visible key give 0. To recognise masks that are off by one."""
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    dt = torch.float32 if q.device.type == "cuda" else torch.float64
+    idx = (torch.arange(Hq) // (Hq // Hkv)).to(q.device)
+    outs = []
+    for b in range(B):
+        s = torch.matmul(q[b].to(dt), k[b].to(dt).index_select(0, idx).transpose(-1, -2)) * scale
+        s = s.masked_fill(~mask, float("-inf"))
+        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+        outs.append(torch.matmul(p, v[b].to(dt).index_select(0, idx)))
+    return torch.stack(outs)
+
+
+LN2 = 0.6931471805599453
+
+DIAGONAL_CAUSE = ("the diagonal is masked out: every row misses the one key on its own diagonal, "
+                  "j = i + (Skv - Sq). The causal mask hides keys with j > i + (Skv - Sq) (strictly "
+                  "greater); `>=` hides the diagonal too (and leaves row 0 of a square problem with no key)")
+
+
 def _variants(q, k, v, causal, scale):
     """Outputs of common mistakes, to name the likely cause of a wrong result."""
     B, Hq, Sq, D = q.shape
@@ -156,6 +179,9 @@ def _variants(q, k, v, causal, scale):
     if causal:
         out.append(("the causal mask is missing: every query sees every key",
                     lambda: reference_attention(q, k, v, False, s)[0]))
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Skv, device=q.device)[None, :]
+        out.append((DIAGONAL_CAUSE, lambda: _masked_attention(q, k, v, s, j < i + (Skv - Sq))))
     else:
         out.append(("a causal mask was applied to a non-causal call",
                     lambda: reference_attention(q, k, v, True, s)[0]))
@@ -166,6 +192,13 @@ def _variants(q, k, v, causal, scale):
                                                 head_map=torch.arange(Hq) % Hkv)[0]))
     out.append(("the softmax scale is missing: multiply Q Kᵀ by scale (default 1/sqrt(D))",
                 lambda: reference_attention(q, k, v, causal, 1.0)[0]))
+    out.append(("the scale qk_scale is never applied: exp2(s - m) of the raw scores Q Kᵀ is a softmax "
+                "with scale ln 2, not scale = 1/sqrt(D). Multiply the scores by qk_scale = scale * log2(e) "
+                "both in the row max and in the exponent",
+                lambda: reference_attention(q, k, v, causal, LN2)[0]))
+    out.append(("the scale is off by ln 2: exp2 is used with scale alone; fold log2(e) into it, "
+                "qk_scale = scale * log2(e), so that exp2(s * qk_scale - m) = exp(scale * s - m')",
+                lambda: reference_attention(q, k, v, causal, s * LN2)[0]))
     if scale is not None:
         out.append(("the scale argument was ignored: 1/sqrt(D) was used instead",
                     lambda: reference_attention(q, k, v, causal, None)[0]))
@@ -278,7 +311,15 @@ def check_attention(o, q, k, v, causal: bool = False, scale=None, lse=None, *,
     nonfinite = ~torch.isfinite(o64).all(dim=-1)
     if nonfinite.any():
         where = _fmt_rows(nonfinite, Sq)
-        if empty.any() and bool((nonfinite & ~empty).sum() == 0):
+        one_key = None
+        if causal:
+            i = torch.arange(Sq)[:, None]
+            j = torch.arange(Skv)[None, :]
+            one_key = ((j <= i + (Skv - Sq)).sum(dim=-1) == 1).to(nonfinite.device)   # [Sq]
+        if one_key is not None and bool(one_key.any()) and bool(nonfinite.any(dim=(0, 1)).eq(one_key).all()):
+            cause = (DIAGONAL_CAUSE.replace("row 0 of a square problem", "these rows") +
+                     "; a row that sees no key must also give 0, not NaN (guard m = -inf)")
+        elif empty.any() and bool((nonfinite & ~empty).sum() == 0):
             cause = ("these rows see no key (Sq > Skv with bottom-right causal): their output must be "
                      "0 and their lse -inf. Guard the division by l (l == 0) and the exp(m_old - m_new) "
                      "of a row whose max is still -inf")

@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .hw import HardwareUnavailable
+
 
 @dataclass(frozen=True)
 class AttnConfig:
@@ -23,6 +25,14 @@ class AttnConfig:
     causal: bool
     logit_scale: float = 1.0  # > 1 makes the logits large enough to overflow an unsafe softmax
     graded_perf: bool = False
+
+    def __post_init__(self):
+        if self.Hkv < 1:
+            raise ValueError(f"configuration {self.name!r} has Hkv={self.Hkv}: it needs at least one KV head "
+                             "(Hkv=1 is multi-query attention)")
+        if self.Hq % self.Hkv:
+            raise ValueError(f"configuration {self.name!r}: Hq={self.Hq} is not a multiple of Hkv={self.Hkv}; "
+                             "every KV head must serve the same number of query heads")
 
     @property
     def group(self) -> int:
@@ -127,6 +137,21 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """``device`` as a torch.device (None: the GPU when there is one, else the CPU).
+
+    Asking for CUDA where PyTorch sees no GPU raises :class:`HardwareUnavailable` with the fix,
+    instead of PyTorch's "Torch not compiled with CUDA enabled" from deep inside a call.
+    """
+    dev = torch.device(device) if device is not None else default_device()
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise HardwareUnavailable(
+            f"device={str(device)!r} asks for a CUDA GPU, but PyTorch sees none on this machine "
+            "(torch.cuda.is_available() is False): pass device='cpu', or leave device=None, which "
+            "picks the GPU only where there is one")
+    return dev
+
+
 def default_dtype(device: str | torch.device) -> torch.dtype:
     """fp16 on a GPU; fp32 on a CPU, where fp16 matmuls are slow and bf16 is mis-simulated."""
     return torch.float16 if torch.device(device).type == "cuda" else torch.float32
@@ -161,7 +186,7 @@ def make_inputs(cfg: AttnConfig, seed: int = 0, device: str | torch.device | Non
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', not {layout!r}")
-    device = torch.device(device) if device is not None else default_device()
+    device = resolve_device(device)
     dtype = dtype or default_dtype(device)
     g = torch.Generator(device="cpu").manual_seed(int(seed))
 

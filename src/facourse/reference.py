@@ -19,8 +19,15 @@ class AttentionInputError(ValueError):
     """q, k, v break the tensor contract; the message says which rule and how to fix it."""
 
 
-def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) -> None:
-    """Raise :class:`AttentionInputError` with a plain explanation when q, k, v break the contract."""
+def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None, *,
+                    unit_stride: bool = True, head_dims=None) -> None:
+    """Raise :class:`AttentionInputError` with a plain explanation when q, k, v break the contract.
+
+    Every message is one line that names the rule and the fix. ``unit_stride`` (the default, what
+    every kernel of the course needs) refuses a last dimension that is not contiguous
+    (``stride(-1) != 1``); the references pass ``unit_stride=False`` since they handle any layout.
+    ``head_dims`` (a tuple) is the head dimensions a kernel supports, e.g. ``(64, 128)``.
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise AttentionInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -43,12 +50,27 @@ def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=Non
         raise AttentionInputError(f"batch sizes differ: q has B={B}, k and v have B={Bk}")
     if Dk != D:
         raise AttentionInputError(f"head dims differ: q has D={D}, k and v have D={Dk}")
-    if Hkv == 0 or Hq % Hkv != 0:
+    if Hkv == 0:
+        raise AttentionInputError(
+            f"k and v have Hkv=0 heads (shape {tuple(k.shape)}): they need at least one KV head; "
+            "for multi-query attention pass k and v of shape [B, 1, Skv, D]")
+    if Hq % Hkv != 0:
         raise AttentionInputError(
             f"Hq={Hq} is not a multiple of Hkv={Hkv}: grouped-query attention needs every KV head "
             "to serve the same number of query heads")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise AttentionInputError(f"scale must be a positive finite number or None, got {scale!r}")
+    if unit_stride:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.stride(-1) != 1 and t.shape[-1] > 1:
+                raise AttentionInputError(
+                    f"{name} has stride(-1) = {t.stride(-1)}: the kernels need the head dimension "
+                    f"contiguous (stride(-1) == 1, any other strides are fine); pass {name}.contiguous()")
+    if head_dims is not None and D not in head_dims:
+        raise AttentionInputError(
+            f"head dimension D={D} is not supported by this kernel: D must be one of "
+            f"{', '.join(str(d) for d in head_dims)}; pad q, k, v with zeros to the next supported D "
+            "(and pass scale=1/sqrt(original D))")
 
 
 def default_scale(D: int, scale=None) -> float:
@@ -82,7 +104,7 @@ def reference_attention(q, k, v, causal: bool = False, scale=None, *, dtype=None
     ``o`` is in ``dtype`` and ``lse`` in float32 ``[B, Hq, Sq]``. ``align`` and ``head_map`` exist
     so that the check can recognise common mistakes (top-left causal, ``h % Hkv`` heads).
     """
-    validate_inputs(q, k, v, scale)
+    validate_inputs(q, k, v, scale, unit_stride=False)
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     scale = default_scale(D, scale)
@@ -113,7 +135,7 @@ def torch_attention(q, k, v, causal: bool = False, scale=None):
     This is the rounding yardstick of the check (rule 2). Bottom-right causal goes in as an
     explicit boolean mask; rows with no visible key are set to zero, where SDPA gives NaN.
     """
-    validate_inputs(q, k, v, scale)
+    validate_inputs(q, k, v, scale, unit_stride=False)
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     idx = kv_head_index(Hq, Hkv).to(q.device)

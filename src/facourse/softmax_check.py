@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 
 from .check import is_collecting, nan_filled_allocations
-from .configs import default_device, default_dtype, get_config, make_inputs
+from .configs import default_dtype, get_config, make_inputs, resolve_device
 from .reference import causal_mask, default_scale
 
 #: Extra absolute slack over twice PyTorch's own error, per dtype (softmax values lie in [0, 1]).
@@ -102,7 +102,7 @@ def case_inputs(case: str, seed: int, device=None, dtype=None):
     """The inputs of a case: a list of (label, x, dim)."""
     if case not in SOFTMAX_CASES:
         raise KeyError(f"unknown softmax case {case!r}; known: {', '.join(SOFTMAX_CASES)}")
-    device = torch.device(device) if device is not None else default_device()
+    device = resolve_device(device)
     dtype = dtype or default_dtype(device)
     g = torch.Generator().manual_seed(int(seed))
 
@@ -159,6 +159,10 @@ def _online_variant(x, block_size, bug):
         p = torch.exp(blk - safe[..., None]).sum(dim=-1)
         if bug == "no_alpha":
             l = l + p
+        elif bug == "no_alpha_own_max":     # a merge without alpha: each block's sum relative to its own max
+            bm = blk.amax(dim=-1)
+            bm = torch.where(torch.isneginf(bm), torch.zeros_like(bm), bm)
+            l = l + torch.exp(blk - bm[..., None]).sum(dim=-1)
         elif bug == "alpha_sign":
             l = l * torch.exp(safe - torch.where(torch.isneginf(m), safe, m)) + p
         m = m_new
@@ -195,16 +199,26 @@ def _diagnose(x, out, dim, block_size, bad, tol):
         # columns with NaN/inf when there are any (an unwritten tail), else columns with wrong values
         cols = (~torch.isfinite(o64)) if nonfinite else bad
         bad_cols = cols.reshape(-1, n).any(dim=0)
-        if tail < n and bool(bad_cols[tail:].all()) and not bool(bad_cols[:tail].any()):
+        if tail < n and bool(bad_cols[tail:].any()) and not bool(bad_cols[:tail].any()):
             return (f"only columns {tail}-{n - 1}, the last partial block, are wrong: the loop over blocks "
                     f"stops before the last, shorter block (n = {n} is no multiple of block_size = "
                     f"{block_size}); use range(0, n, block_size) and slice x[..., j:j + block_size]")
         lead_inf = torch.isneginf(x64[..., :block_size]).all(dim=-1) & ~all_inf
         if bool((bad_rows & lead_inf).any()) and not bool((bad_rows & ~lead_inf & ~all_inf).any()):
-            return ("only rows whose first block is all -inf are wrong: while m is still -inf, alpha = "
-                    "exp(m_old - m_new) = exp(-inf - (-inf)) = NaN, and the NaN poisons l. Guard it: when "
-                    "m_new is -inf nothing has been seen yet, so use 0 in place of m_new in the exponents "
+            return ("only rows whose first block is all -inf are wrong: there the max is -inf (the block's own "
+                    "max, and the running max m before any finite entry is seen), so exp(-inf - (-inf)) = NaN "
+                    "(in alpha = exp(m_old - m_new) or in the block's own sum) and the NaN poisons l. Guard it: "
+                    "where a max is -inf, use 0 in its place in the exponents "
                     "(the merge of two empty states is empty)")
+        nb = -(-n // block_size)
+        pad = torch.full((*x64.shape[:-1], nb * block_size - n), float("-inf"), dtype=x64.dtype, device=x64.device)
+        blocks = torch.cat([x64, pad], dim=-1).reshape(*x64.shape[:-1], nb, block_size)
+        inf_block = torch.isneginf(blocks).all(dim=-1).any(dim=-1) & ~all_inf     # some block is all -inf
+        if bool((bad_rows & inf_block).any()) and not bool((bad_rows & ~inf_block & ~all_inf).any()):
+            return ("only rows that contain a block whose entries are all -inf are wrong: that block's own max "
+                    "is -inf, so exp(x_block - max) = exp(-inf - (-inf)) = NaN and its sum is NaN, which poisons "
+                    "(m, l) when it is merged. Guard the block's max as well: where it is -inf, subtract 0, "
+                    "so the block's state is the empty state (m = -inf, l = 0)")
 
     def close(alt):
         return bool(((o64 - alt).abs() <= tol).all())
@@ -215,11 +229,23 @@ def _diagnose(x, out, dim, block_size, bad, tol):
                     "sum so far was taken relative to m_old and must be rescaled, l = l * exp(m_old - "
                     "m_new) + sum(exp(x_block - m_new)). Rows whose max comes after their first block "
                     "are the wrong ones")
+        if close(_online_variant(x64, block_size, "no_alpha_own_max")):
+            return ("alpha rescale missing in the merge: each block's sum l_j is relative to the block's own "
+                    "max m_j, and the running sum l to m_old; both must be brought to the new max before they "
+                    "are added, l = l * exp(m_old - m_new) + l_j * exp(m_j - m_new) (your merge_softmax_states)")
         if close(_online_variant(x64, block_size, "alpha_sign")):
             return "the rescale has the wrong sign: alpha = exp(m_old - m_new) (<= 1), not exp(m_new - m_old)"
     finmax = torch.where(torch.isfinite(x64), x64.abs(), torch.zeros_like(x64)).amax(dim=-1)
     big = finmax > 80.0                 # exp(80) is inf in fp16 and near fp32's limit (exp(88.7))
-    if bool(big.any()) and bool((bad_rows & big).any()) and not bool((bad_rows & ~big & ~all_inf).any()):
+    # exp overflowed: the wrong rows hold NaN/inf, or nothing (0 after nan_to_num), or the unsafe formula
+    lost = (~torch.isfinite(o64)).any(dim=-1) | (o64.abs().amax(dim=-1) <= tol)
+    with torch.no_grad():
+        xf = x.detach().movedim(dim, -1).float()
+        e = torch.exp(xf)
+        naive = (e / e.sum(dim=-1, keepdim=True)).to(torch.float64)
+    lost |= ((o64 - naive).abs() <= tol).all(dim=-1)
+    if (bool(big.any()) and bool((bad_rows & big).any()) and not bool((bad_rows & ~big & ~all_inf).any())
+            and bool(lost[bad_rows].all())):
         return ("no max subtraction: exp overflowed. Only the rows with logits in the hundreds are wrong; "
                 "exp(x) is inf above 88.7 in float32 and above 11.1 in float16, and inf/inf = NaN (or 0 "
                 "after nan_to_num). Subtract the row max first: softmax(x) = softmax(x - max x)")
@@ -331,7 +357,7 @@ def check_softmax_fn(fn, case: str = "small", *, block_size: int | None = None, 
 # ----------------------------------------------------------------------------- the merge check
 def _merge_inputs(case, seed, device):
     g = torch.Generator().manual_seed(int(seed))
-    dev = torch.device(device) if device is not None else default_device()
+    dev = resolve_device(device)
 
     def randn(*shape, s=1.0):
         return (torch.randn(*shape, generator=g) * s).to(dev)

@@ -9,6 +9,30 @@ import os
 
 import torch
 
+from .reference import AttentionInputError, validate_inputs
+
+#: Head dimensions the course's Triton kernels support: tl.arange needs a power of 2 and tl.dot
+#: at least 16; the course's contract is D = 64 or 128.
+TRITON_HEAD_DIMS = (64, 128)
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def validate_triton_inputs(q, k, v, scale=None, head_dims=TRITON_HEAD_DIMS) -> None:
+    """The entry check of a Triton attention wrapper: :func:`facourse.validate_inputs` (the tensor
+    contract, ``stride(-1) == 1``), the head dims the kernel supports, and no bf16 in the
+    interpreter. Raises :class:`facourse.AttentionInputError`, one line naming the fix."""
+    validate_inputs(q, k, v, scale)
+    if q.dtype == torch.bfloat16 and interpreting():
+        raise AttentionInputError(
+            "bf16 inputs in Triton's CPU interpreter (TRITON_INTERPRET=1, used when there is no GPU) give "
+            "wrong results: NumPy has no bfloat16, so its dot products come out garbled; pass float16 or "
+            "float32 (q.float(), k.float(), v.float()), or run on a GPU")
+    validate_inputs(q, k, v, scale, head_dims=head_dims)
+
 
 def interpret_without_gpu() -> bool:
     """Switch Triton to its interpreter when no GPU is present; True when kernels will be interpreted."""

@@ -1,0 +1,160 @@
+"""Diagnoses that name the bug (issue 20): each test plants one bug in a copy of the exercise's
+solution and asserts that the check's "likely cause" names it, not a neighbour.
+
+03: an unwritten last block and a merge without alpha are not "no max subtraction"; a block whose
+own max is -inf says so. 04: a `>=` causal mask is named as the diagonal. 05: a forgotten qk_scale
+is named as the scale, not "a block boundary?".
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, solution_code
+from facourse import AttentionCheckError, SoftmaxCheckError, check_entry_point, check_softmax_fn
+
+HEAD = "import math\nimport torch\nfrom facourse import validate_inputs\n"
+
+
+def mutate(code: str, *subs) -> str:
+    for old, new in subs:
+        assert old in code, f"planted bug out of date: {old!r} is not in the solution"
+        code = code.replace(old, new)
+    return code
+
+
+def functions(assignment: str, **mutations) -> dict:
+    """The solution cells of ``assignment`` executed in one namespace, cell ``gid`` mutated by
+    ``mutations[gid]`` (a list of (old, new))."""
+    ns: dict = {}
+    code = solution_code(assignment)
+    exec(HEAD, ns)
+    for gid, src in code.items():
+        exec(mutate(src, *mutations.get(gid, ())), ns)
+    return ns
+
+
+def cause(err) -> str:
+    return str(err.value).split("likely cause:")[-1]
+
+
+# ----------------------------------------------------------------------------- step 03
+A3 = "03_online_softmax"
+
+
+def test_03_solution_passes():
+    ns = functions(A3)
+    for case, bs in (("overflow", 48), ("small", 32), ("masked", 50)):
+        check_softmax_fn(ns["online_softmax"], case, block_size=bs, seed=0, verbose=False)
+
+
+def test_03_merge_without_alpha_is_not_called_overflow():
+    ns = functions(A3, merge_softmax_states=[(
+        "l = l_a * torch.exp(m_a - m_safe) + l_b * torch.exp(m_b - m_safe)", "l = l_a + l_b")])
+    for case, bs in (("overflow", 64), ("small", 32)):
+        with pytest.raises(SoftmaxCheckError) as err:
+            check_softmax_fn(ns["online_softmax"], case, block_size=bs, seed=0, verbose=False)
+        c = cause(err)
+        assert "alpha rescale missing" in c and "no max subtraction" not in c, c
+
+
+def test_03_unwritten_last_block_is_not_called_overflow():
+    ns = functions(A3, online_softmax=[
+        ("y = torch.empty_like(x)", "y = torch.zeros_like(x)"),
+        ("for j in range(0, n, block_size):                                  # pass 2",
+         "for j in range(0, n - block_size + 1, block_size):                  # pass 2")])
+    with pytest.raises(SoftmaxCheckError) as err:
+        check_softmax_fn(ns["online_softmax"], "overflow", block_size=48, seed=0, verbose=False)
+    c = cause(err)
+    assert "the last partial block" in c and "no max subtraction" not in c, c
+
+
+def test_03_block_whose_own_max_is_minus_inf():
+    ns = functions(A3, online_softmax=[(
+        "m_j_safe = torch.where(torch.isneginf(m_j), torch.zeros_like(m_j), m_j)", "m_j_safe = m_j")])
+    with pytest.raises(SoftmaxCheckError) as err:
+        check_softmax_fn(ns["online_softmax"], "small", block_size=32, seed=0, verbose=False)
+    c = cause(err)
+    assert "a block whose entries are all -inf" in c and "own max is -inf" in c, c
+    assert "do not sum to 1" not in c
+
+
+def test_03_no_max_subtraction_is_still_named():
+    ns = functions("02_safe_softmax", safe_softmax=[("torch.exp(xf - m)", "torch.exp(xf)")])
+    with pytest.raises(SoftmaxCheckError) as err:
+        check_softmax_fn(ns["safe_softmax"], "overflow", seed=0, verbose=False)
+    assert "no max subtraction" in cause(err)
+
+
+# ----------------------------------------------------------------------------- step 04
+A4 = "04_tiled_attention"
+GE = ("cols > rows + off", "cols >= rows + off")
+
+
+def test_04_greater_or_equal_mask_is_named_as_the_diagonal():
+    ns = functions(A4, tiled_attention=[GE])
+    for cfg in ("small", "ragged"):
+        with pytest.raises(AttentionCheckError) as err:
+            check_entry_point(ns["tiled_attention"], cfg, seed=0, expect_lse=True, verbose=False)
+        c = cause(err)
+        assert "diagonal" in c and "every row is wrong" not in c, (cfg, c)
+
+
+def test_04_greater_or_equal_mask_without_guard_is_named_as_the_diagonal():
+    """Unguarded, row 0 of a square causal problem (its one key masked) is NaN: the same cause."""
+    ns = functions(A4, tiled_attention=[GE, (
+        "m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)", "m_safe = m_new")])
+    with pytest.raises(AttentionCheckError) as err:
+        check_entry_point(ns["tiled_attention"], "small", seed=0, expect_lse=True, verbose=False)
+    assert "NaN" in str(err.value) and "diagonal" in cause(err), str(err.value)
+
+
+def test_04_solution_passes():
+    ns = functions(A4)
+    for cfg in ("small", "ragged"):
+        check_entry_point(ns["tiled_attention"], cfg, seed=0, expect_lse=True, verbose=False)
+
+
+# ----------------------------------------------------------------------------- step 05
+A5 = "05_triton_flash_attention"
+
+
+def _ex05_source(*subs) -> str:
+    nb = json.loads((ROOT / "solutions" / A5 / f"{A5}.ipynb").read_text())
+    src = "\n\n".join("\n".join(ln for ln in "".join(c["source"]).splitlines() if "### " not in ln)
+                      for c in nb["cells"]
+                      if c["metadata"].get("nbgrader", {}).get("grade_id") in ("setup", "kernel", "wrapper"))
+    return mutate(src, *subs)
+
+
+def _run05(src: str, cfg: str) -> str:
+    code = src + textwrap.dedent(f"""
+        from facourse import AttentionCheckError
+        try:
+            check_entry_point(flash_attention_triton, {cfg!r}, seed=0, expect_lse=True, verbose=False)
+            print("PASSED")
+        except AttentionCheckError as e:
+            print("FAILED", str(e).split("likely cause:")[-1].replace("\\n", " "))
+        """)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="2",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_05_forgotten_qk_scale_is_named_as_the_scale():
+    src = _ex05_source(("m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)", "m_new = tl.maximum(m_i, tl.max(s, 1))"),
+                       ("p = tl.math.exp2(s * qk_scale - m_use[:, None])", "p = tl.math.exp2(s - m_use[:, None])"))
+    out = _run05(src, "small")
+    assert out.startswith("FAILED") and "qk_scale is never applied" in out and "block boundary" not in out, out
+
+
+def test_05_exp2_without_log2e_is_named_as_the_scale():
+    out = _run05(_ex05_source(("scale * LOG2E, GROUP=", "scale, GROUP=")), "small")
+    assert out.startswith("FAILED") and "off by ln 2" in out and "block boundary" not in out, out
