@@ -587,6 +587,11 @@ from sm80_figures import FIGURES as _SM80_FIGURES  # noqa: E402
 
 FIGURES.update(_SM80_FIGURES)
 
+# Step 08's figures of the backward pass (loop order, FLOPs and the tile-pair model).
+from backward_figures import FIGURES as _BACKWARD_FIGURES  # noqa: E402
+
+FIGURES.update(_BACKWARD_FIGURES)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
