@@ -265,8 +265,10 @@ for N in N_LIST:
 #   tutorial computes $dQ$ this way, in a second loop of the same kernel): deterministic, no atomics,
 #   but the pass recomputes $S_{ij}$, $P_{ij}$, $dP_{ij}$ and $dS_{ij}$, three matmuls instead of one
 #   (section 6 counts them);
-# - **atomics in a fixed order**: the `flash-attn` package's backward has a `deterministic=True`
-#   option, slower and using more memory, for runs that must be reproducible bit for bit.
+# - **a deterministic mode**: the `flash-attn` package's backward takes `deterministic=True`,
+#   documented as slightly slower and using more memory, for runs that must reproduce bit for bit
+#   (one way to get there: keep the programs' partial $dQ$ sums apart and add them in a fixed order,
+#   which is where the memory goes).
 #
 # Sections 5 and 6 show both on the CPU.
 #
@@ -278,9 +280,9 @@ for N in N_LIST:
 # query tiles above are skipped, the ones crossing the diagonal get the element mask, the rest need
 # none. This is the forward's rule seen from the other side: in the forward the **last** query tiles
 # have the most work, in the backward the **first** key tiles do (key tile 0 is seen by every query),
-# so a kernel launches those first.
+# so a kernel does well to launch those first.
 #
-# For GQA there are two choices. FlashAttention-2's implementation runs one program per key tile and
+# For GQA there are two choices. The `flash-attn` package's FlashAttention-2 runs one program per key tile and
 # **query** head and writes a $dK$, $dV$ per query head to a scratch buffer $g$ times the size of $K$,
 # then sums each group (a reduction after the kernel). Or one program per key tile and **KV** head
 # loops over the $g$ query heads of its group and accumulates all of them into the same $dK_j, dV_j$
@@ -526,7 +528,7 @@ assert torch.equal(runs[("atomic", 0)][1], runs[("atomic", 1)][1])
 # |---|---|---|
 # | forward | $S = QK^\top$, $O \mathrel{+}= PV$ | $2 \cdot 2d = 4d$ |
 # | backward (FA2, atomic $dQ$) | $S = QK^\top$ (recompute), $dV \mathrel{+}= P^\top dO$, $dP = dO V^\top$, $dK \mathrel{+}= dS^\top Q$, $dQ \mathrel{+}= dS K$ | $5 \cdot 2d = 10d$ |
-# | backward, separate $dQ$ pass | the four above without $dQ$, then $QK^\top$, $dO V^\top$, $dS K$ again | $7 \cdot 2d = 14d$ |
+# | backward, separate $dQ$ pass | the four above without $dQ$; then, in the $dQ$ pass, $QK^\top$ and $dO V^\top$ once more and $dQ = dS K$ | $7 \cdot 2d = 14d$ |
 #
 # So the backward does $10/4 = 2.5\times$ the forward's matmul FLOPs (3.5× with a separate $dQ$ pass),
 # and a training step (forward + backward) $3.5\times$ the forward. Measured, not assumed: PyTorch's
