@@ -2,10 +2,10 @@
 no mask, only the diagonal's are masked), exp2 with log2(e) folded into the scale, the dK/dV loop
 computed transposed (no register transposes), and a tile table measured per shape class.
 
-v3 verdict: 311 TFLOP/s backward on large (1.50x SDPA FLASH's backward), 368-454 on the 4k-16k sweep (1.43-1.49x), fp16 and bf16, causal and not; deterministic (H100).
+v3 verdict: 313-315 TFLOP/s backward on large (1.50-1.51x SDPA FLASH's backward), 370-455 on the 4k-16k sweep (1.43-1.51x), fp16 and bf16, causal and not; deterministic (H100).
 Measured: tune.py on an H100 80GB HBM3 (PyTorch 2.11, Triton 3.6), 2026-11-22: the backward alone (torch.autograd.grad after one forward), L2 flushed, median of 25, interleaved with SDPA FLASH_ATTENTION's backward in the same process; TFLOP/s count the backward as 2.5x the forward's FLOPs.
-Forward + backward (step 05's v6 forward): 341 TFLOP/s on large (1.49x SDPA FLASH), 392-494 on the sweep (1.48-1.55x).
-v2 -> v3: 1.22x on large, 1.27-1.39x on the sweep.
+Forward + backward (step 05's v6 forward): 342-343 TFLOP/s on large (1.50x SDPA FLASH), 390-485 on the sweep (1.47-1.56x).
+v2 -> v3: 1.22-1.23x on large, 1.28-1.40x on the sweep. (SDPA FLASH's backward measured 209 TFLOP/s on large, 253-308 on the sweep.)
 
 What changed from v2, and why.
 * The preprocess writes, besides D_i = rowsum(dO_i * O_i), m_i = lse_i * log2(e) (+inf on empty
@@ -23,7 +23,7 @@ What changed from v2, and why.
 * Causal: the dK/dV loop visits the masked query tiles on the diagonal first, then the unmasked
   ones below it; the dQ loop the unmasked key tiles first, then the diagonal. The heaviest
   programs (key tile 0, the last query tile) are launched first.
-* ``FUSED_DQ`` (a candidate, see TILES): the dK/dV program also adds dS Q-side products into an
+* ``FUSED_DQ`` (a candidate, see TILES): the dK/dV program also adds scale * dS_ij K_j into an
   fp32 dQ with atomics, as FlashAttention-2 does, and the dQ kernel is skipped. Float atomics add
   in whatever order the programs arrive: dQ is then not bit-reproducible from run to run.
 
@@ -193,17 +193,21 @@ def bwd_dq(q_desc, k_desc, v_desc, do_desc, dq_desc, M2, Delta, Hq, Sq, Skv, Sq_
 # Per kernel: (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV's BLOCK_N is its key tile (kept on
 # chip), BLOCK_M the query tile it streams; dQ's BLOCK_M is its query tile, BLOCK_N the key tile.
 # Measured on an H100 by tune.py (fp16; one kernel at a time; `large` for causal_short, causal_8k
-# for causal_long, noncausal_8k for full). The same two tiles won every class:
-#   dK/dV 64 x 128, 8 warps, 3 stages: 1.43 / 2.09 / 3.83 ms (2 stages 1.50 / 2.26 / 4.52; 64 x 64,
-#         4 warps, 3 stages 1.51 / 2.28 / 4.43; 128 x 128 and 4-warp 128-key tiles 3-4x slower: spills)
-#   dQ    128 x 64, 8 warps, 3 stages: 0.87 / 1.37 / 2.52 ms (128 x 32, 4 warps 0.90 / 1.50 / 2.65;
-#         128 x 128 0.94 / 1.51 / 2.72)
-#   fused atomic dQ (dK/dV 64 x 128, 8 warps, 3 stages): 2.79 / 4.29 / 7.00 ms against the two
-#         kernels' 2.30 / 3.46 / 6.35 ms: the atomics lose, so the table keeps dQ in its own kernel.
+# for causal_long, noncausal_8k for full; two runs, the second's winners kept). Kernel times in ms,
+# causal_short / causal_long / full:
+#   dK/dV 64 x 128, 8 warps, 3 stages: 1.41 / 2.06 / 3.79;  4 stages 1.55 / 2.12 / 3.76;
+#         2 stages 1.50 / 2.24 / 4.39;  64 x 64, 4 warps, 3 stages 1.51 / 2.27 / 4.39;
+#         128 x 64 (128 query rows) 2.64 / 3.88 / 6.72;  128 x 128: out of shared memory (3 stages)
+#         or 3-4x slower (2 stages: spills)
+#   dQ    128 x 64, 8 warps, 3 stages: 0.87 / 1.40 / 2.55;  4 stages 0.88 / 1.37 / 2.50;
+#         128 x 32, 4 warps 0.91 / 1.53 / 2.71;  128 x 128, 2 stages 0.93 / 1.50 / 2.72
+#   fused atomic dQ (dK/dV 64 x 128, 8 warps, 3 stages): 2.86 / 4.25 / 6.88 against the two
+#         kernels' 2.28 / 3.44 / 6.27: the atomics lose, so dQ keeps its own kernel.
+# 3 and 4 stages are within 2% of each other; the table keeps the second run's picks.
 TILES = {
     "causal_short": {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3), "fused_dq": False},   # Sq < 4096
-    "causal_long": {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3), "fused_dq": False},    # Sq >= 4096
-    "full": {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3), "fused_dq": False},           # non-causal
+    "causal_long": {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 4), "fused_dq": False},    # Sq >= 4096
+    "full": {"dkdv": (64, 128, 8, 4), "dq": (128, 64, 8, 4), "fused_dq": False},           # non-causal
 }
 PORTABLE_TILES = {"dkdv": (64, 64, 4, 2), "dq": (64, 64, 4, 2), "fused_dq": False}
 INTERPRET_TILES = {"dkdv": (64, 64, 4, 1), "dq": (64, 64, 4, 1), "fused_dq": False}
