@@ -8,7 +8,8 @@ the backward timed against PyTorch SDPA's FLASH_ATTENTION backend (FlashAttentio
    to dq, dk, dv), on `large` with B = 1 and on one sweep point per shape class.
 2. (unless --no-sweep) v3's candidates, one kernel at a time (dK/dV, dQ, and dK/dV with the fused
    atomic dQ), on one configuration per shape class of v3.TILES, fp16: the winners are printed
-   as a table to paste into v3.TILES and are used for step 3.
+   as a table to paste into v3.TILES and are used for step 3 (both kernels in one launch).
+4. (--one-launch, alone) v3's two kernels launched one after the other against one grid.
 3. The backward alone: forward once with requires_grad inputs, then
    torch.autograd.grad(o, (q, k, v), do, retain_graph=True) timed with facourse.bench.time_calls
    (L2 flushed, interleaved rounds, median of 25), for SDPA FLASH (enable_gqa) and each rung, on
@@ -117,7 +118,7 @@ def sweep(rounds=10):
         log(f"{cls}: two-kernel {two:.3f} ms ({best_dkdv} + {best_dq}, {flops / two / 1e9:.0f} TFLOP/s), "
             f"fused atomic dQ {one:.3f} ms ({best_fused}, {flops / one / 1e9:.0f} TFLOP/s), kernels only")
         table[cls] = ({"dkdv": best_fused, "dq": best_dq, "fused_dq": True} if one < two else
-                      {"dkdv": best_dkdv, "dq": best_dq, "fused_dq": False})
+                      {"dkdv": best_dkdv, "dq": best_dq, "fused_dq": False, "one_launch": True})
     v3.FORCE_TILES, v3.PARTS = None, ("dkdv", "dq")
     v3.TILES.update(table)
     log("TILES = " + json.dumps(table))
@@ -155,13 +156,47 @@ def timing(names, dtypes, rounds=25):
     return rows
 
 
+# ----------------------------------------------------------------------------- 4. one launch
+def one_launch(names, rounds=25):
+    """v3's two kernels (dK/dV, then dQ) against both in one grid (v3.bwd_one_launch), fp16."""
+    flush = new_flush_buffer()
+    cfg = scaled(CONFIGS["large"], B=1)
+    q, k, v = make_inputs(cfg, 1, "cuda", torch.float16, "bshd")
+    do = torch.randn_like(q)
+    _, *ref = common.reference_grads(q, k, v, do, cfg.causal, dtype=torch.float32)
+    o, lse = common.attention_forward(q, k, v, True)
+    v3.FORCE_TILES = dict(v3.pick_tiles(cfg.Sq, cfg.Skv, cfg.D, True), one_launch=True)
+    log("one launch check (large, B=1, max errors vs fp32)",
+        common.check_grads(v3.attention_backward(q, k, v, o, lse, do, True), ref))
+    for name in names:
+        cfg = cfg_of(name)
+        (q, k, v), do = inputs(cfg, torch.float16)
+        q, k, v = (t.detach() for t in (q, k, v))
+        o, lse = common.attention_forward(q, k, v, cfg.causal)
+        v3.FORCE_TILES = None
+        base = dict(v3.pick_tiles(cfg.Sq, cfg.Skv, cfg.D, cfg.causal))
+        calls = {}
+        for key, tiles in (("two", base), ("one", dict(base, one_launch=True))):
+            def call(tiles=tiles):
+                v3.FORCE_TILES = tiles
+                return v3.attention_backward(q, k, v, o, lse, do, cfg.causal)
+            calls[key] = call
+        gpu, _ = time_calls(calls, rounds, flush)
+        t = {n: statistics.median(x) for n, x in gpu.items()}
+        log(f"{name}: two launches {t['two']:.3f} ms, one launch {t['one']:.3f} ms ({t['two'] / t['one']:.3f}x)")
+    v3.FORCE_TILES = None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--configs", default=",".join(TIMED))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--one-launch", action="store_true", help="only the one-launch experiment")
     a = ap.parse_args()
+    if a.one_launch:
+        return one_launch(a.configs.split(","))
     t0 = time.time()
     log(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
     table = None if a.no_sweep else sweep()
