@@ -326,6 +326,13 @@ def check_attention(o, q, k, v, causal: bool = False, scale=None, lse=None, *,
         elif get_overflow_hint(q, k, scale):
             cause = ("the logits here are in the hundreds: exp() overflows unless you subtract the "
                      "row max before exponentiating (safe softmax)")
+        elif bool(torch.isnan(o64).all(dim=-1)[:, :, nonfinite.any(dim=(0, 1))].all()):
+            rows = torch.nonzero(nonfinite.any(dim=(0, 1))).flatten().tolist()
+            cause = (f"whole query rows ({_ranges(rows)}) were never written, in every head: NaN is what the "
+                     "check fills new allocations with. A query tile is missing: the loop over query tiles "
+                     "must include the last, partial one (range(0, Sq, block_m), the tile clipped at Sq), "
+                     "and a launch grid needs cdiv(Sq, BLOCK_M) programs along the query axis, not "
+                     "Sq // BLOCK_M")
         else:
             cause = ("either these elements were never written (the check fills new allocations with "
                      "NaN: does your grid or loop cover every row and every column of D?) or the "

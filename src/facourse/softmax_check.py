@@ -244,6 +244,13 @@ def _diagnose(x, out, dim, block_size, bad, tol):
         e = torch.exp(xf)
         naive = (e / e.sum(dim=-1, keepdim=True)).to(torch.float64)
     lost |= ((o64 - naive).abs() <= tol).all(dim=-1)
+    ref64 = reference_softmax(x.detach(), dim).movedim(dim, -1)
+    err_ref = float((o64 - ref64).nan_to_num(nan=1.0, posinf=1.0, neginf=1.0).abs().max())
+    err_naive = float((o64.nan_to_num(nan=0.0) - naive.nan_to_num(nan=0.0)).abs().max())
+    if not nonfinite and not bool(big.any()) and (err_naive <= tol or err_naive < 0.1 * err_ref):
+        return ("no max subtraction: the output matches exp(x) / sum(exp(x)) computed without subtracting the "
+                "row max, which loses precision here and overflows for large logits (exp(x) is inf above 88.7 "
+                "in float32 and above 11.1 in float16). Subtract the row max first: softmax(x) = softmax(x - max x)")
     if (bool(big.any()) and bool((bad_rows & big).any()) and not bool((bad_rows & ~big & ~all_inf).any())
             and bool(lost[bad_rows].all())):
         return ("no max subtraction: exp overflowed. Only the rows with logits in the hundreds are wrong; "

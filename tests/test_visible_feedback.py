@@ -1,0 +1,190 @@
+"""Visible feedback that finds the classic bugs before grading (issue 20), exercises 02-05.
+
+Each test plants one classic bug in a copy of the exercise's solution and runs the notebook's
+visible cells as a student's Run All does (set-up and solution cells, then the visible part of
+`test_small` and the `visible_checks` cell, with no judge): the first failure must name the bug's
+cause. The untouched solution passes them, within the time the exercise promises.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, solution_code
+
+VISIBLE = ("test_small", "visible_checks")
+RUNNER = textwrap.dedent("""
+    import json, os, sys, time
+    nb_path, code_path = sys.argv[1], sys.argv[2]
+    nb = json.load(open(nb_path))
+    code = json.load(open(code_path))
+    ns = {"__name__": "__main__"}
+    visible_s = 0.0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        meta = cell["metadata"].get("nbgrader", {})
+        gid = meta.get("grade_id")
+        src = "".join(cell["source"])
+        if meta.get("solution"):
+            src = code[gid]
+        elif meta.get("grade") and gid not in %(visible)r:
+            continue                                   # hidden tests: the judge's, not visible
+        src = src.split("### BEGIN HIDDEN TESTS")[0]
+        path = os.path.join(os.path.dirname(code_path), f"cell_{len(os.listdir(os.path.dirname(code_path)))}.py")
+        open(path, "w").write(src)                     # Triton reads a kernel's source from its file
+        t0 = time.perf_counter()
+        try:
+            exec(compile(src, path, "exec"), ns)
+        except Exception as err:
+            print("FAILED", gid, type(err).__name__ + ":", str(err).replace("\\n", " | "))
+            sys.exit(0)
+        if gid in %(visible)r:
+            visible_s += time.perf_counter() - t0
+    print("PASSED", round(visible_s, 1))
+""" % {"visible": VISIBLE})
+
+
+def mutate(code: str, *subs) -> str:
+    for old, new in subs:
+        assert old in code, f"planted bug out of date: {old!r} is not in the solution"
+        code = code.replace(old, new)
+    return code
+
+
+def run_visible(tmp_path, assignment: str, bugs: dict[str, list] | None = None) -> str:
+    """The last line of the visible run: 'PASSED <seconds>' or 'FAILED <cell> <Error>: <message>'."""
+    code = solution_code(assignment)
+    for gid, subs in (bugs or {}).items():
+        code[gid] = mutate(code[gid], *subs)
+    (path,) = (ROOT / "solutions" / assignment).glob("*.ipynb")
+    cp = tmp_path / "code.json"
+    cp.write_text(json.dumps(code))
+    runner = tmp_path / "run_visible.py"
+    runner.write_text(RUNNER)
+    env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    env.pop("FACOURSE_JUDGE", None)
+    env.pop("TRITON_INTERPRET", None)            # the notebook's set-up decides, as in JupyterLab
+    r = subprocess.run([sys.executable, str(runner), str(path), str(cp)], cwd=ROOT / "solutions" / assignment,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def assert_names(out: str, *words):
+    assert out.startswith("FAILED"), out
+    for w in words:
+        assert w in out, f"{w!r} not in the first visible failure: {out}"
+
+
+# ----------------------------------------------------------------------------- exercise 02
+A2 = "02_safe_softmax"
+BUGS_02 = {
+    "no_max_subtraction": ([("torch.exp(xf - m)", "torch.exp(xf)")], ["no max subtraction"]),
+    "no_inf_guard": ([("m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "pass")],
+                     ["visible_checks", "all_masked", "entries are all -inf"]),
+    "ignores_dim": ([("dim=dim", "dim=-1")], ["other_dims", "not over dim"]),
+}
+
+
+def test_02_solution_passes_the_visible_cells(tmp_path):
+    out = run_visible(tmp_path, A2)
+    assert out.startswith("PASSED") and float(out.split()[1]) < 30, out
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS_02))
+def test_02_visible_cells_name_the_bug(tmp_path, bug):
+    subs, words = BUGS_02[bug]
+    assert_names(run_visible(tmp_path, A2, {"safe_softmax": subs}), *words)
+
+
+# ----------------------------------------------------------------------------- exercise 03
+A3 = "03_online_softmax"
+BUGS_03 = {
+    "no_alpha_rescale": ("online_softmax", [(
+        "m, l = merge_softmax_states(m, l, m_j, l_j)",
+        "m_new = torch.maximum(m, m_j); l = l + torch.exp(x_j - torch.where(torch.isneginf(m_new), 0.0, "
+        "m_new)[..., None]).sum(dim=-1); m = m_new")], ["alpha rescale missing"]),
+    "merge_without_alpha": ("merge_softmax_states", [(
+        "l = l_a * torch.exp(m_a - m_safe) + l_b * torch.exp(m_b - m_safe)", "l = l_a + l_b")],
+        ["merge", "alpha rescale missing"]),
+    "drops_last_block": ("online_softmax", [("range(0, n, block_size)", "range(0, n - block_size + 1, block_size)")],
+                         ["the last partial block"]),
+    "merge_nan_on_empty": ("merge_softmax_states", [(
+        "m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "m_safe = m")],
+        ["merge empty", "two empty states"]),
+    "block_max_unguarded": ("online_softmax", [(
+        "m_j_safe = torch.where(torch.isneginf(m_j), torch.zeros_like(m_j), m_j)", "m_j_safe = m_j")],
+        ["all -inf"]),
+}
+
+
+def test_03_solution_passes_the_visible_cells(tmp_path):
+    out = run_visible(tmp_path, A3)
+    assert out.startswith("PASSED") and float(out.split()[1]) < 30, out
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS_03))
+def test_03_visible_cells_name_the_bug(tmp_path, bug):
+    gid, subs, words = BUGS_03[bug]
+    assert_names(run_visible(tmp_path, A3, {gid: subs}), *words)
+
+
+# ----------------------------------------------------------------------------- exercise 04
+A4 = "04_tiled_attention"
+BUGS_04 = {
+    "no_alpha_rescale": ([("l_i = alpha * l_i + P_ij.sum(dim=-1)", "l_i = l_i + P_ij.sum(dim=-1)"),
+                          ("O_i = alpha[..., None] * O_i + torch.matmul(P_ij, V_j)", "O_i = O_i + torch.matmul(P_ij, V_j)")],
+                         ["alpha"]),
+    "top_left_causal": ([("off = Skv - Sq ", "off = 0      ")], ["visible_checks", "asymmetric", "top-left"]),
+    "skips_last_query_tile": ([("range(0, Sq, block_m)", "range(0, Sq - block_m + 1, block_m)")],
+                              ["visible_checks", "ragged", "never written", "last, partial"]),
+    "diagonal_masked": ([("cols > rows + off", "cols >= rows + off")], ["diagonal"]),
+    "head_h_mod_hkv": ([("q[:, :, i0:i1].float().reshape(B, Hkv, G, Br, D)",
+                         "q[:, :, i0:i1].float().reshape(B, G, Hkv, Br, D).transpose(1, 2)"),
+                        ("O_i.reshape(B, Hq, Br, D)", "O_i.transpose(1, 2).reshape(B, Hq, Br, D)"),
+                        ("(m_i + torch.log(l_i)).reshape(B, Hq, Br)",
+                         "(m_i + torch.log(l_i)).transpose(1, 2).reshape(B, Hq, Br)")], ["h % Hkv"]),
+}
+
+
+def test_04_solution_passes_the_visible_cells(tmp_path):
+    out = run_visible(tmp_path, A4)
+    assert out.startswith("PASSED") and float(out.split()[1]) < 30, out
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS_04))
+def test_04_visible_cells_name_the_bug(tmp_path, bug):
+    subs, words = BUGS_04[bug]
+    assert_names(run_visible(tmp_path, A4, {"tiled_attention": subs}), *words)
+
+
+# ----------------------------------------------------------------------------- exercise 05
+A5 = "05_triton_flash_attention"
+BUGS_05 = {
+    "no_alpha_rescale": ("kernel", [("acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])",
+                                     "acc = tl.dot(p.to(v.dtype), v, acc)")],
+                         ["visible_checks", "ragged", "does not rescale the accumulator", "alpha"]),
+    "causal_offset_zero": ("kernel", [("off = Skv - Sq ", "off = 0 ")], ["visible_checks", "ragged", "top-left"]),
+    "grid_floor": ("wrapper", [("grid = (triton.cdiv(Sq, BLOCK_M), B * Hq)", "grid = (Sq // BLOCK_M, B * Hq)")],
+                   ["visible_checks", "ragged", "never written", "cdiv(Sq, BLOCK_M)"]),
+    "no_qk_scale": ("kernel", [("m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)", "m_new = tl.maximum(m_i, tl.max(s, 1))"),
+                               ("p = tl.math.exp2(s * qk_scale - m_use[:, None])", "p = tl.math.exp2(s - m_use[:, None])")],
+                    ["qk_scale"]),
+}
+
+
+def test_05_solution_passes_the_visible_cells(tmp_path):
+    out = run_visible(tmp_path, A5)
+    assert out.startswith("PASSED") and float(out.split()[1]) < 45, out    # about 20 s on 2 cores
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS_05))
+def test_05_visible_cells_name_the_bug(tmp_path, bug):
+    gid, subs, words = BUGS_05[bug]
+    assert_names(run_visible(tmp_path, A5, {gid: subs}), *words)
