@@ -2,9 +2,9 @@
 per key tile, then dQ with one program per query tile. No atomics: deterministic. The exercise's
 solution is modelled on this rung.
 
-v2 verdict: 256-257 TFLOP/s backward on large (1.23x SDPA FLASH's backward), 288-342 on the 4k-16k sweep (1.03-1.16x), fp16 and bf16 alike; deterministic (H100).
-Measured: tune.py on an H100 80GB HBM3 (PyTorch 2.11, Triton 3.6), 2026-11-22: the backward alone (torch.autograd.grad after one forward), L2 flushed, median of 25, interleaved with SDPA FLASH_ATTENTION's backward in the same process; TFLOP/s count the backward as 2.5x the forward's FLOPs.
-Forward + backward (step 05's v6 forward): 291-293 TFLOP/s on large, 1.27-1.28x SDPA FLASH. Tiles: 64 x 64, 4 warps, 2 stages, every kernel.
+v2 verdict: 256-257 TFLOP/s backward on large (1.23x SDPA FLASH's backward), 287-344 on the 4k-16k sweep (1.03-1.16x), fp16 and bf16 alike; deterministic (H100).
+Measured: tune.py (three runs agreeing within 2%) on an H100 80GB HBM3 (PyTorch 2.11, Triton 3.6), 2026-11-22: the backward alone (torch.autograd.grad after one forward), L2 flushed, median of 25, interleaved with SDPA FLASH_ATTENTION's backward in the same process; TFLOP/s count the backward as 2.5x the forward's FLOPs.
+Forward + backward (step 05's v6 forward): 292 TFLOP/s on large, 1.27-1.28x SDPA FLASH. Tiles: 64 x 64, 4 warps, 2 stages, every kernel.
 
 What it teaches. The forward is one loop; the backward has two reductions that run in different
 directions: dK_j, dV_j sum over query rows i, dQ_i sums over key columns j. One program cannot

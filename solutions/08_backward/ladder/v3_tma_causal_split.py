@@ -1,11 +1,12 @@
 """v3: the fast backward: host tensor descriptors (TMA), the causal split (unmasked tiles carry
 no mask, only the diagonal's are masked), exp2 with log2(e) folded into the scale, the dK/dV loop
-computed transposed (no register transposes), and a tile table measured per shape class.
+computed transposed (no register transposes), the dK/dV and dQ programs in one launch, and a tile
+table measured per shape class.
 
-v3 verdict: 313-315 TFLOP/s backward on large (1.50-1.51x SDPA FLASH's backward), 370-455 on the 4k-16k sweep (1.43-1.51x), fp16 and bf16, causal and not; deterministic (H100).
-Measured: tune.py on an H100 80GB HBM3 (PyTorch 2.11, Triton 3.6), 2026-11-22: the backward alone (torch.autograd.grad after one forward), L2 flushed, median of 25, interleaved with SDPA FLASH_ATTENTION's backward in the same process; TFLOP/s count the backward as 2.5x the forward's FLOPs.
-Forward + backward (step 05's v6 forward): 342-343 TFLOP/s on large (1.50x SDPA FLASH), 390-485 on the sweep (1.47-1.56x).
-v2 -> v3: 1.22-1.23x on large, 1.28-1.40x on the sweep. (SDPA FLASH's backward measured 209 TFLOP/s on large, 253-308 on the sweep.)
+v3 verdict: 333-334 TFLOP/s backward on large (1.59-1.60x SDPA FLASH's backward), 390-457 on the 4k-16k sweep (1.45-1.57x), fp16 and bf16, causal and not; deterministic (H100).
+Measured: tune.py --no-sweep on an H100 80GB HBM3 (PyTorch 2.11, Triton 3.6), 2026-11-22: the backward alone (torch.autograd.grad after one forward), L2 flushed, median of 25, interleaved with SDPA FLASH_ATTENTION's backward in the same process; TFLOP/s count the backward as 2.5x the forward's FLOPs.
+Forward + backward (step 05's v6 forward): 361 TFLOP/s on large (1.57-1.58x SDPA FLASH), 409-498 on the sweep (1.52-1.58x).
+v2 -> v3: 1.30x on large, 1.31-1.42x on the sweep. (SDPA FLASH's backward measured 209 TFLOP/s on large, 252-310 on the sweep.)
 
 What changed from v2, and why.
 * The preprocess writes, besides D_i = rowsum(dO_i * O_i), m_i = lse_i * log2(e) (+inf on empty
