@@ -118,7 +118,7 @@ def online_softmax_update(s, m_i, l_i, o, scale_log2):   # student_kernel, vecto
         row_max = row_max.reshape(8, 4).max(1).repeat(4)               # quad_max
         m_new = np.maximum(m_i[r], row_max * scale_log2)
         m_use = np.where(m_new == -np.inf, 0.0, m_new)
-        alpha = np.exp2(m_i[r] - m_use)
+        alpha = np.where(m_new == m_i[r], 1.0, np.exp2(m_i[r] - m_use))   # fa::rescale_factor
         s[:, :, cols] = np.exp2(s[:, :, cols] * scale_log2 - m_use[None, :, None])
         l_i[r] = alpha * l_i[r] + s[:, :, cols].sum(axis=(0, 2))
         m_i[r] = m_new
@@ -252,7 +252,7 @@ def test_v5_lane_offsets_and_copies_follow_the_swizzle():
 
 @pytest.mark.parametrize("threshold", [0.0, 8.0])
 def test_v5_conditional_rescale_is_exact(threshold):
-    """softmax_update's LAZY option in float64: with a stale max (behind by at most `threshold`),
+    """online_softmax_update with ladder::LazyRescale (harness.cuh) in float64: with a stale max (behind by at most `threshold`),
     O and l carry the same factor, so O / l is the softmax; P stays <= 2^threshold; the O rescale
     (one warp vote per 16 rows) is skipped on most tiles."""
     rng = np.random.default_rng(1)
@@ -313,17 +313,31 @@ def test_ladder_is_numbered_and_has_verdicts():
 
 
 def test_rungs_are_traits_over_one_harness():
-    """apply_mask, the epilogue and the key-tile count are written once (fa_harness.cuh), the ladder's
-    online softmax once (ladder/harness.cuh; the exercise's is the student's own); v2..v4 are the exercise
-    harness with named traits, v5 and v6 ladder/harness.cuh's kernel with named traits."""
+    """Every device helper, the mask and the online softmax are written once: apply_mask, key_masked,
+    the epilogue and the key-tile count in fa_harness.cuh; exp2_approx and the online softmax's scalar
+    steps in fa_primitives.cuh; the one online_softmax_update is the exercise's solution, which v2..v4
+    and the exercise build with the exercise harness and v5/v6 call from ladder/harness.cuh (the lazy
+    rescale enters as its Rescale). v2..v4 are the exercise harness with named traits, v5 and v6
+    ladder/harness.cuh's kernel with named traits; v1 takes the mask and the scalar steps too."""
     import re
     files = [STEP / "fa_harness.cuh", STEP / "fa_primitives.cuh", *sorted(LADDER.glob("*.cu*"))]
     text = {f.name: f.read_text() for f in files}
-    for fn, home in (("apply_mask", "fa_harness.cuh"), ("epilogue", "fa_harness.cuh"),
-                     ("num_key_tiles", "fa_harness.cuh"), ("softmax_update", "harness.cuh"),
+    for fn, home in (("apply_mask", "fa_harness.cuh"), ("key_masked", "fa_harness.cuh"), ("epilogue", "fa_harness.cuh"),
+                     ("num_key_tiles", "fa_harness.cuh"), ("exp2_approx", "fa_primitives.cuh"),
+                     ("finite_max", "fa_primitives.cuh"), ("rescale_factor", "fa_primitives.cuh"),
                      ("online_softmax_update", "student_kernel_solution.cu")):
-        defs = [n for n, t in text.items() if re.search(rf"^FA_DEVICE \w+ {fn}\(", t, re.M)]
+        defs = [n for n, t in text.items() if re.search(rf"^\s*(static )?FA_DEVICE \w+ {fn}\(", t, re.M)]
         assert defs == [home], (fn, defs)
+    # no second softmax, running max or mask predicate anywhere (the ladder's lazy rescale reuses EagerRescale's max)
+    softmaxes = [n for n, t in text.items() if re.search(r"^FA_DEVICE void \w*softmax\w*\(", t, re.M)]
+    assert softmaxes == ["student_kernel_solution.cu"], softmaxes
+    for n, t in text.items():
+        assert n == "fa_primitives.cuh" or ("exp2f(" not in t and "ex2.approx" not in t), n
+        assert not re.search(r"(key|col) (>=|<) (p\.)?Skv", t) or n == "fa_harness.cuh", n
+        assert "fmaxf(m_old" not in t or n == "fa_primitives.cuh", n
+    assert '#include "student_kernel_solution.cu"' in text["harness.cuh"]
+    assert "online_softmax_update<BN / 8, D / 8, Rescale>" in text["harness.cuh"]
+    assert "fa::key_masked(" in text["v1_scalar.cu"] and "fa::rescale_factor(" in text["v1_scalar.cu"]
     for rung, harness in (("v2_mma.cu", "student_kernel_solution.cu"), ("v3_cp_async.cu", "student_kernel_solution.cu"),
                           ("v4_swizzle.cu", "student_kernel_solution.cu"), ("v5_warp_specialized.cu", "harness.cuh"),
                           ("v6_fa2_tiles_lazy.cu", "harness.cuh")):

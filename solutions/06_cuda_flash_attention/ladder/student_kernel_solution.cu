@@ -67,32 +67,39 @@ FA_DEVICE void qk_tile(float (&s)[BLOCK_N / 8][4], const uint32_t (&q_frag)[D / 
 //    l_i[r]: this lane's partial running sum (the harness adds the quad's four partials at the
 //    end). On return s holds P = exp2(s * scale_log2 - m_i_new), and o is rescaled by
 //    alpha = exp2(m_i_old - m_i_new). A row that has seen only -inf so far must stay NaN-free.
-template <int NB, int DB>
+//    fa_primitives.cuh has the scalar steps (fa::exp2_approx, fa::finite_max, fa::rescale_factor).
+//    Rescale: leave it be; the harness uses the default (the course's fastest rung passes another).
+template <int NB, int DB, class Rescale = fa::EagerRescale>
 FA_DEVICE void online_softmax_update(float (&s)[NB][4], float (&m_i)[2], float (&l_i)[2], float (&o)[DB][4],
                                      float scale_log2) {
   // BEGIN SOLUTION
+  float alpha[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float row_max = -INFINITY;                       // m~_ij = rowmax(S_ij)
 #pragma unroll
     for (int n = 0; n < NB; ++n) row_max = fmaxf(row_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-    row_max = quad_max(row_max);
-    const float m_new = fmaxf(m_i[r], row_max * scale_log2);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;   // all masked so far: avoid -inf - -inf
-    const float alpha = exp2f(m_i[r] - m_use);               // exp(m_old - m_new)
+    const float m_new = Rescale::running_max(m_i[r], quad_max(row_max) * scale_log2);  // max(m_i, m~_ij)
+    const float m_use = fa::finite_max(m_new);       // all masked so far: avoid -inf - -inf
+    alpha[r] = fa::rescale_factor(m_i[r], m_new);    // exp(m_old - m_new), 1 exactly when the max stays
     float row_sum = 0.f;
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
-      s[n][2 * r] = exp2f(fmaf(s[n][2 * r], scale_log2, -m_use));        // P = exp(S - m_new)
-      s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], scale_log2, -m_use));
+      s[n][2 * r] = fa::exp2_approx(fmaf(s[n][2 * r], scale_log2, -m_use));       // P = exp(S - m_new)
+      s[n][2 * r + 1] = fa::exp2_approx(fmaf(s[n][2 * r + 1], scale_log2, -m_use));
       row_sum += s[n][2 * r] + s[n][2 * r + 1];
     }
-    l_i[r] = alpha * l_i[r] + row_sum;                        // l = alpha l + rowsum(P)
+    l_i[r] = alpha[r] * l_i[r] + row_sum;                      // l = alpha l + rowsum(P)
     m_i[r] = m_new;
+  }
+  // O = alpha O (a lazy Rescale skips it when no row of the warp moved its max: one warp vote)
+  if (!Rescale::kLazy || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int d = 0; d < DB; ++d) {                            // O = alpha O
-      o[d][2 * r] *= alpha;
-      o[d][2 * r + 1] *= alpha;
+    for (int d = 0; d < DB; ++d) {
+      o[d][0] *= alpha[0];
+      o[d][1] *= alpha[0];
+      o[d][2] *= alpha[1];
+      o[d][3] *= alpha[1];
     }
   }
   // END SOLUTION

@@ -1,9 +1,9 @@
 // v1_scalar.cu: FlashAttention-2's loop in plain CUDA: K_j, V_j tiles in shared memory, one warp per
 // query row at a time, dot products with warp shuffles, online softmax per tile; no tensor cores.
 // verdict: correct and simple, CUDA-core bound; the baseline every later rung is compared with.
-// figure: 8 TFLOP/s on large (0.02x SDPA FA2), H100, 2026-11-22 (benchmarks/ladder.py: benchmarks/results/2026-11-22_h100_step06_ladder.json)
+// figure: 8 TFLOP/s on large (0.03x SDPA FA2), H100, 2026-11-22 (benchmarks/ladder.py: benchmarks/results/2026-11-22_h100_step06_ladder.json)
 #include "fa_primitives.cuh"
-#define FA_HARNESS_HELPERS_ONLY  // fa::num_key_tiles, fa::row_lse (the exercise harness's)
+#define FA_HARNESS_HELPERS_ONLY  // fa::num_key_tiles, fa::key_masked, fa::row_lse (the exercise harness's)
 #include "fa_harness.cuh"
 
 namespace v1 {
@@ -74,13 +74,13 @@ __global__ void __launch_bounds__(NWARPS * 32) kernel(const FaParams p) {
         for (int e = 0; e < E; ++e) part += q[r][e] * sK[n][lane + 32 * e];
         const float s = warp_sum(part);
         const int key = n0 + n;
-        const bool visible = key < p.Skv && (!p.causal || key <= row + diag);
+        const bool visible = !fa::key_masked(key, row, p.Skv, diag, p.causal);
         if (lane == n) s_mine = visible ? s * scale_log2 : -INFINITY;
       }
-      const float m_new = fmaxf(m_i[r], warp_max(s_mine));
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m_i[r] - m_use);
-      const float pr = exp2f(s_mine - m_use);        // P = exp(S - m_new)
+      // the online softmax of one row, from fa_primitives.cuh's scalar steps (as the tensor-core rungs')
+      const float m_new = fa::EagerRescale::running_max(m_i[r], warp_max(s_mine));
+      const float alpha = fa::rescale_factor(m_i[r], m_new);          // exp(m_old - m_new)
+      const float pr = fa::exp2_approx(s_mine - fa::finite_max(m_new)); // P = exp(S - m_new)
       l_i[r] = alpha * l_i[r] + warp_sum(pr);
       m_i[r] = m_new;
 #pragma unroll

@@ -2,7 +2,7 @@
 // a producer warp fills a K/V ring and mbarriers hand stages over (no CTA-wide barrier in the
 // loop), and each consumer warp computes S_{j+1} = Q K_{j+1}^T while it does the softmax of tile j.
 // verdict: pays on long sequences only: 1.1x v4 on large, yet below FA2 there (a producer warp costs a consumer's registers)
-// figure: 275 TFLOP/s on large (0.90x FA2); 0.99-1.08x FA2 over 4k-16k, H100 (benchmarks/ladder.py: benchmarks/results/2026-11-22_h100_step06_ladder.json)
+// figure: 274 TFLOP/s on large (0.90x FA2); 0.99-1.07x FA2 over 4k-16k, H100 (benchmarks/ladder.py: benchmarks/results/2026-11-22_h100_step06_ladder.json)
 //
 // The kernel is ladder/harness.cuh's (what each switch does is described there); v5 turns on the two
 // FA3 ideas and nothing else: a producer warp and the softmax overlapped with the next QK^T. Its 16-row

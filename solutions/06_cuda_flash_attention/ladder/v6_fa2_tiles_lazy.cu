@@ -3,7 +3,7 @@
 // conditional rescale of O, whose own share here is within the measurement spread. The kernel is
 // v5's (ladder/harness.cuh), with other switches (V6Traits below).
 // verdict: the fastest rung and the step's reference kernel: above FA2 on large and at every 4k-16k point
-// figure: 326 TFLOP/s on large (1.08x FA2), 1.4x v4; 1.07-1.13x FA2 over 4k-16k (fp16, bf16), H100 (benchmarks/ladder.py: benchmarks/results/2026-11-22_h100_step06_ladder.json)
+// figure: 328 TFLOP/s on large (1.08x FA2), 1.3x v4; 1.07-1.13x FA2 over 4k-16k (fp16, bf16), H100 (benchmarks/ladder.py: benchmarks/results/2026-11-22_h100_step06_ladder.json)
 //
 // Why not v5's configuration (measured, see the lecture's table of variants): on sm_80/sm_90 without
 // setmaxnreg a producer warp takes a consumer's registers, and 16-row warps read K and V from shared
@@ -11,7 +11,7 @@
 // phases as a ping-pong would. The loads are FA2's: every thread issues cp.async for the next stage
 // after a __syncthreads, still completing on the full mbarriers of v5. The conditional rescale keeps
 // a stale row max until the max grows by more than 8 (log2 units) in fp16, and skips only exact
-// no-ops in bf16 (threshold 0): see softmax_update in harness.cuh for why bf16 cannot afford it.
+// no-ops in bf16 (threshold 0): see LazyRescale in harness.cuh for why bf16 cannot afford it.
 #include "harness.cuh"
 
 struct V6Traits {
