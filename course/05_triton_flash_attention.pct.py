@@ -123,6 +123,9 @@ print((1, 5), program_to_tile(1, 5, Hq=4, Hkv=1, BLOCK_M=128, Sq=200))
 def launch(kernel, q, k, v, causal, scale, BLOCK_M, BLOCK_N, **extra):
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
+    if Hq != Hkv:
+        raise ValueError(f"the lecture's kernels are multi-head (Hq == Hkv), got Hq={Hq}, Hkv={Hkv}; "
+                         "GQA (stage 4) is exercise 05's")
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
@@ -133,11 +136,12 @@ def launch(kernel, q, k, v, causal, scale, BLOCK_M, BLOCK_N, **extra):
     return o, lse
 
 
-# small shapes for the interpreter; the GPU runs them as well
+# small shapes for the interpreter; the GPU runs them as well. Multi-head only (Hq == Hkv): GQA is
+# the exercise's (stage 4)
 ONE_TILE = AttnConfig("one_tile", 1, 2, 2, 100, 64, 64, True)      # Skv fits in one tile
 MHA = AttnConfig("mha", 1, 2, 2, 200, 333, 64, True)               # ragged, causal, Sq < Skv
 MHA_NC = AttnConfig("mha_noncausal", 1, 2, 2, 77, 200, 64, False)
-GQA = AttnConfig("gqa", 1, 8, 2, 200, 333, 64, True)               # 4 query heads per KV head
+MHA_EMPTY = AttnConfig("mha_empty_rows", 1, 2, 2, 300, 100, 64, True)  # Sq > Skv: 200 rows see no key
 
 # %% [markdown]
 # ### Stage 1: one tile
@@ -284,13 +288,12 @@ def attn_causal(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so
         pid_m = tl.cdiv(Sq, BLOCK_M) - 1 - pid_m                 # longest tiles first
     bh = tl.program_id(1)
     b, h = bh // Hq, bh % Hq
-    h_kv = h // GROUP            # stage 4, GQA: query head h reads KV head h // (Hq // Hkv)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=offs_m[:, None] < Sq, other=0.0)
-    k_ptr = K + b * skb + h_kv * skh
-    v_ptr = V + b * svb + h_kv * svh
+    k_ptr = K + b * skb + h * skh            # multi-head: query head h reads KV head h (stage 4: GQA)
+    v_ptr = V + b * svb + h * svh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -314,7 +317,7 @@ def stage3(q, k, v, causal=False, scale=None):
 
 
 check_entry_point(stage3, MHA, expect_lse=True)
-check_entry_point(stage3, "empty_rows", expect_lse=True)   # Sq > Skv: the first rows see no key
+check_entry_point(stage3, MHA_EMPTY, expect_lse=True)   # Sq > Skv: the first rows see no key
 
 # %% [markdown]
 # How much work does the skipping save? Count the tiles each variant visits on `large`
@@ -336,14 +339,13 @@ print("stage 2:", tiles_visited(2048, 2048, 128, 64, False), "tiles per head;  s
 # %% [markdown]
 # ### Stage 4: GQA
 #
-# Grouped-query attention changes one line: the KV head is `h // GROUP` with `GROUP = Hq // Hkv`
-# (already in `attn_causal` above). With the `(Tr, B*Hq)` grid the `GROUP` query heads of one KV head
-# are neighbours in launch order, so they also share K and V in L2. Getting it wrong (`h % Hkv`)
-# is one of the mistakes the check names.
-
-# %%
-check_entry_point(stage3, GQA, expect_lse=True)
-check_entry_point(stage3, "mqa", expect_lse=True)
+# Grouped-query attention changes which K and V a program reads: query head `h` reads KV head
+# `h // GROUP` with `GROUP = Hq // Hkv` (section 2's `program_to_tile` computes it), so the base
+# pointers of K and V use that head's stride offset instead of `h`'s. With the `(Tr, B*Hq)` grid the
+# `GROUP` query heads of one KV head are neighbours in launch order, so they also share K and V in
+# L2. The lecture's kernels stop at multi-head attention (their `launch` refuses `Hq != Hkv`):
+# the GQA line, with `exp2` (stage 5) and the int64 offsets of large tensors, is yours to write in
+# exercise 05. Getting it wrong (`h % Hkv`) is one of the mistakes the check names.
 
 # %% [markdown]
 # ### Stage 5: `exp2`, with $\log_2 e$ folded into the scale

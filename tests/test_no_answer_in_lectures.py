@@ -1,0 +1,179 @@
+"""No answer in the lecture (issue 20): the attention-like functions of lectures 02-05, wrapped into
+the matching exercise's entry point, fail that exercise's checks.
+
+The functions are taken from the lecture's text twin by name (so the test follows the lecture when
+it changes) and wrapped the way a student would: a two-line call for the loophole the issue found
+(lecture 04's demo passed every configuration of exercise 04), and the natural adapter (a loop over
+rows, batches and heads, GQA's head map) where the lecture works on smaller pieces.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import ROOT
+from facourse import check_entry_point, check_merge_fn, check_softmax_fn
+
+HEAD = "import math\nimport torch\nfrom facourse import *\n"   # what the lectures import
+
+
+def lecture_source(lecture: str, names) -> str:
+    """The top-level functions ``names`` of course/<lecture>.pct.py, decorators included."""
+    path = ROOT / "course" / f"{lecture}.pct.py"
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    found, out = set(), []
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            out.append("\n".join(lines[start - 1:node.end_lineno]))
+            found.add(node.name)
+    assert found == set(names), f"{lecture}: functions {set(names) - found} are gone; update this test"
+    return "\n\n\n".join(out)
+
+
+def lecture_functions(lecture: str, names) -> dict:
+    ns: dict = {}
+    exec(HEAD + lecture_source(lecture, names), ns)
+    return ns
+
+
+def fails(call) -> str | None:
+    """The error a check (or the wrapped function) raised, None when the check passed."""
+    try:
+        call()
+    except (AssertionError, ValueError) as err:   # a check failure, or the lecture function refusing the input
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+# ----------------------------------------------------------------------------- lecture 02 -> exercise 02
+def test_lecture_02_softmaxes_fail_exercise_02():
+    ns = lecture_functions("02_safe_softmax", ["softmax_naive", "softmax_three_pass", "softmax_three_pass_rows"])
+
+    def along(fn):                      # the lecture's softmaxes work over the last dim
+        return lambda x, dim=-1: fn(x.movedim(dim, -1)).movedim(-1, dim)
+
+    def rows(x):                        # the element-by-element version, row by row
+        flat = x.reshape(-1, x.shape[-1])
+        return torch.stack([ns["softmax_three_pass"](r) for r in flat]).reshape(x.shape)
+
+    for name, fn in (("softmax_naive", along(ns["softmax_naive"])),
+                     ("softmax_three_pass_rows", along(ns["softmax_three_pass_rows"])),
+                     ("softmax_three_pass", along(rows))):
+        assert fails(lambda: check_softmax_fn(fn, "all_masked", seed=0, verbose=False)), name
+
+
+# ----------------------------------------------------------------------------- lecture 03 -> exercise 03
+def test_lecture_03_functions_fail_exercise_03():
+    ns = lecture_functions("03_online_softmax", ["merge_states", "softmax_2pass", "attention_row_online",
+                                                 "partial_attention"])
+
+    def merge(m_a, l_a, m_b, l_b):      # the lecture's scalar merge, element by element
+        pairs = [ns["merge_states"]((a, b), (c, d)) for a, b, c, d in
+                 zip(m_a.flatten().tolist(), l_a.flatten().tolist(), m_b.flatten().tolist(), l_b.flatten().tolist())]
+        return (torch.tensor([p[0] for p in pairs]).reshape(m_a.shape),
+                torch.tensor([p[1] for p in pairs]).reshape(m_a.shape))
+
+    def online(x, block_size):          # the lecture's one-pass stats and second pass, row by row
+        flat = x.reshape(-1, x.shape[-1]).double()
+        out = [torch.tensor(ns["softmax_2pass"](r.tolist()), dtype=torch.float64) for r in flat]
+        return torch.stack(out).reshape(x.shape).to(x.dtype)
+
+    assert fails(lambda: check_merge_fn(merge, "empty", seed=0, verbose=False))
+    assert fails(lambda: check_softmax_fn(online, "all_masked", block_size=64, seed=0, verbose=False))
+
+    def per_row(q, k, v, causal=False, scale=None):   # lecture 03's one-row attention as step 04's entry point
+        B, Hq, Sq, D = q.shape
+        G = Hq // k.shape[1]
+        s = 1 / math.sqrt(D) if scale is None else scale
+        o, lse = torch.empty_like(q), torch.empty(B, Hq, Sq)
+        for b in range(B):
+            for h in range(Hq):
+                for i in range(Sq):
+                    o[b, h, i], lse[b, h, i] = ns["attention_row_online"](q[b, h, i], k[b, h // G], v[b, h // G], s)
+        return o, lse
+
+    def partial(q, k, v, causal=False, scale=None):
+        G = q.shape[1] // k.shape[1]
+        o, lse = ns["partial_attention"](q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1))
+        return o.to(q.dtype), lse.float()
+
+    for fn in (per_row, partial):
+        assert fails(lambda: check_entry_point(fn, "small", seed=0, expect_lse=True, verbose=False))
+
+
+# ----------------------------------------------------------------------------- lecture 04 -> exercise 04
+EXERCISE_04 = ["small", "medium", "noncausal", "asymmetric", "ragged", "decode", "empty_rows", "d64", "mqa", "overflow"]
+
+
+def test_lecture_04_demo_wrapped_in_two_lines_fails_exercise_04():
+    ns = lecture_functions("04_tiled_attention", ["flash_attention_demo"])
+
+    def tiled_attention(q, k, v, causal=False, scale=None, block_m=64, block_n=64):
+        return ns["flash_attention_demo"](q, k, v, causal, scale, Br=block_m, Bc=block_n)
+
+    for cfg in EXERCISE_04:
+        assert fails(lambda: check_entry_point(tiled_attention, cfg, seed=0, expect_lse=True, verbose=False)), cfg
+
+
+def test_lecture_04_demo_with_a_full_adapter_still_fails_exercise_04():
+    """Looped over batches and heads with GQA's head map, the one-head, square-causal demo still
+    fails every configuration with Sq != Skv and causal masking: the offset is the exercise's."""
+    ns = lecture_functions("04_tiled_attention", ["flash_attention_demo"])
+
+    def tiled_attention(q, k, v, causal=False, scale=None, block_m=64, block_n=64):
+        B, Hq, Sq, D = q.shape
+        G = Hq // k.shape[1]
+        o, lse = torch.empty_like(q), torch.empty(B, Hq, Sq)
+        for b in range(B):
+            for h in range(Hq):
+                o[b, h], lse[b, h] = ns["flash_attention_demo"](q[b, h], k[b, h // G], v[b, h // G], causal, scale,
+                                                                Br=block_m, Bc=block_n)
+        return o, lse
+
+    failed = [cfg for cfg in ("asymmetric", "ragged", "decode", "empty_rows", "small")
+              if fails(lambda: check_entry_point(tiled_attention, cfg, seed=0, expect_lse=True, verbose=False))]
+    assert failed == ["asymmetric", "ragged", "decode", "empty_rows"], failed
+
+
+# ----------------------------------------------------------------------------- lecture 05 -> exercise 05
+def test_lecture_05_kernels_fail_exercise_05():
+    names = ["launch", "attn_one_tile", "online_softmax_update", "attn_loop", "key_tiles", "attn_causal",
+             "stage1", "stage2", "stage3"]
+    src = ("import math\nimport torch\nimport triton\nimport triton.language as tl\n"
+           + lecture_source("05_triton_flash_attention", names))
+    code = textwrap.dedent(f"""
+        from facourse.triton_setup import interpret_without_gpu
+        interpret_without_gpu()
+        import importlib.util, sys
+        path = sys.argv[1]
+        open(path, "w").write({src!r})
+        spec = importlib.util.spec_from_file_location("lecture05", path)
+        lec = importlib.util.module_from_spec(spec); spec.loader.exec_module(lec)
+        from facourse import check_entry_point
+        for stage in ("stage1", "stage2", "stage3"):
+            for cfg in ("small", "medium", "noncausal", "asymmetric", "ragged", "decode", "empty_rows", "d64", "mqa", "overflow"):
+                try:
+                    check_entry_point(getattr(lec, stage), cfg, seed=0, expect_lse=True, verbose=False)
+                    print("PASSED", stage, cfg)
+                except (AssertionError, ValueError) as e:
+                    print("FAILED", stage, cfg, type(e).__name__)
+        """)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="2",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "lecture05.py")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("PASSED", "FAILED"))]
+    assert len(lines) == 30, r.stdout
+    assert not [ln for ln in lines if ln.startswith("PASSED")], r.stdout
