@@ -316,7 +316,9 @@ def check_attention(o, q, k, v, causal: bool = False, scale=None, lse=None, *,
             i = torch.arange(Sq)[:, None]
             j = torch.arange(Skv)[None, :]
             one_key = ((j <= i + (Skv - Sq)).sum(dim=-1) == 1).to(nonfinite.device)   # [Sq]
-        if one_key is not None and bool(one_key.any()) and bool(nonfinite.any(dim=(0, 1)).eq(one_key).all()):
+        bad_r, empty_r = nonfinite.any(dim=(0, 1)), empty.any(dim=(0, 1))
+        if (one_key is not None and bool((bad_r & one_key).any())
+                and not bool((bad_r & ~one_key & ~empty_r).any())):       # rows with one key (and empty ones)
             cause = (DIAGONAL_CAUSE.replace("row 0 of a square problem", "these rows") +
                      "; a row that sees no key must also give 0, not NaN (guard m = -inf)")
         elif empty.any() and bool((nonfinite & ~empty).sum() == 0):
