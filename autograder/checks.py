@@ -17,6 +17,7 @@ import torch
 
 from facourse import (AttnConfig, check_all, check_attention, check_entry_point, check_merge_fn,
                       check_softmax_fn, get_config, make_inputs)
+from facourse.backward import check_forward_backward, gradcheck_forward_backward
 from facourse.check import is_collecting
 
 from .guards import check_no_caching
@@ -93,5 +94,19 @@ def perf_correctness(fn, *, seed, device, config, dtype="float16", **kw):
                       expect_lse=True, **kw)
 
 
+# Step 08: ``fn`` is ``facourse.backward.forward_backward`` of the training entry point (plans' ``train``).
+def gradients(fn, *, seed, device, config, dtype=None, **kw):
+    check_forward_backward(fn, config, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
+
+
+def gradcheck(fn, *, seed, device):
+    gradcheck_forward_backward(fn, seed=seed, device=device)
+
+
+def perf_gradients(fn, *, seed, device, config, dtype="float16"):
+    """The correctness half of a step-08 perf test: o and the gradients at the timed full size."""
+    check_forward_backward(fn, get_config(config, device), seed=seed, device=device, dtype=dtype_of(dtype))
+
+
 CHECKS = {f.__name__: f for f in (entry_point, no_caching, all_configs, softmax, merge, padded_strides,
-                                  tile_skipping, perf_correctness)}
+                                  tile_skipping, perf_correctness, gradients, gradcheck, perf_gradients)}

@@ -12,7 +12,12 @@ the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same pa
 2. step 06: the exercise's solution (its harness + ladder/student_kernel_solution.cu) on every
    test of the plan: every correctness point, and the perf points its speed earns;
 3. step 07 (H100/H200 only): the same, with the structural check compiled by the judge from the
-   submitted source; the untouched stub must fail that check.
+   submitted source; the untouched stub must fail that check;
+4. step 08: the exercise's solution (ladder/v2_two_kernel.py loads its cells) on every test of the
+   plan; a backward that calls a PyTorch matrix product (the guard must see it on the autograd
+   engine's GPU thread: 0) and a forward that keeps P for the backward (0, "kept").
+
+`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05, 06, 07, 08 may be named).
 
 Prints a table, writes ``$OUT/gpu_selftest.json`` (OUT defaults to ./out) and exits 1 when any
 verdict is not the expected one.
@@ -29,13 +34,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08"}
     if not torch.cuda.is_available():
         print("No GPU here: this self-test runs on the GPU grading machine.")
         return 0
     sys.path.insert(0, str(ROOT))
     import facourse
-    from facourse import has_sm90a
 
     from . import judge as J
 
@@ -55,7 +60,30 @@ def main() -> int:
     from benchmarks.ladder import entry_point
     from facourse.steps import load_step
 
-    # 1. step 05's perf test and its anti-cheat; the stand-ins wrap the ladder's solution
+    if "05" in parts:
+        _step05(expect, J, facourse)
+    if "08" in parts:
+        _step08(expect, J)
+    if parts - {"05", "08"}:
+        _steps06_07(expect, J, parts)
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    env = __import__("autograder.perf", fromlist=["environment"]).environment()
+    (out / "gpu_selftest.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    bad = [r for r in rows if not r["as_expected"]]
+    print(f"\n{len(rows) - len(bad)} of {len(rows)} verdicts as expected on {env.get('gpu')}")
+    return 1 if bad else 0
+
+
+def _full_marks(t, v):
+    return v.passed if t.startswith("perf_") else v.points == v.max_points
+
+
+def _step05(expect, J, facourse):
+    """Step 05's perf test and its anti-cheat; the stand-ins wrap the ladder's solution."""
+    from benchmarks.ladder import entry_point
+    from facourse.steps import load_step
+
     step05 = "05_triton_flash_attention"
     fn = entry_point("05", load_step("05")["ladder"]["solution"])
 
@@ -97,11 +125,19 @@ def main() -> int:
     finally:
         facourse.bench_attention = real
 
-    # 2. and 3.: the exercise solutions of steps 06 and 07, every test of their plans
-    def full_marks(t, v):
-        return v.passed if t.startswith("perf_") else v.points == v.max_points
 
-    expect("step 06 solution", J.run_inprocess("06_cuda_flash_attention", entry_point("06", "exercise")), full_marks)
+
+def _steps06_07(expect, J, parts):
+    """The exercise solutions of steps 06 and 07, every test of their plans."""
+    from benchmarks.ladder import entry_point
+    from facourse import has_sm90a
+
+    full_marks = _full_marks
+    if "06" in parts:
+        expect("step 06 solution", J.run_inprocess("06_cuda_flash_attention", entry_point("06", "exercise")),
+               full_marks)
+    if "07" not in parts:
+        return
     if has_sm90a():
         step07 = ROOT / "solutions" / "07_hopper_flash_attention"
         files = {"student_kernel.cu": (step07 / "ladder" / "student_kernel_solution.cu").read_bytes()}
@@ -113,13 +149,45 @@ def main() -> int:
                lambda t, v: v.points == 0 and "HGMMA" in v.message)
     else:
         print(f"step 07 skipped: it needs an H100/H200 (sm_90a), this is {torch.cuda.get_device_name()}")
-    out = Path(os.environ.get("OUT", "out"))
-    out.mkdir(parents=True, exist_ok=True)
-    env = __import__("autograder.perf", fromlist=["environment"]).environment()
-    (out / "gpu_selftest.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-    bad = [r for r in rows if not r["as_expected"]]
-    print(f"\n{len(rows) - len(bad)} of {len(rows)} verdicts as expected on {env.get('gpu')}")
-    return 1 if bad else 0
+
+
+def _step08(expect, J):
+    """The exercise's solution on every test; a matmul in the backward and a kept P each score 0."""
+    from benchmarks.ladder import entry_point
+
+    step08 = "08_backward"
+    sol = entry_point("08", "v2_two_kernel")
+    expect("step 08 solution", J.run_inprocess(step08, sol), _full_marks)
+    Fn = sol.__globals__["FlashAttentionTrain"]
+
+    class MatmulInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            return Fn.forward(ctx, q, k, v, causal, scale)
+
+        @staticmethod
+        def backward(ctx, do):
+            grads = Fn.backward(ctx, do)
+            torch.matmul(do[:1, :1], do[:1, :1].transpose(-1, -2))     # one PyTorch product, on the GPU
+            return grads
+
+    class KeepsP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o = Fn.forward(ctx, q, k, v, causal, scale)
+            ctx.p = torch.empty(q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=q.device)  # an S-sized tile
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            return Fn.backward(ctx, do)
+
+    for label, F, says in (("step 08 matmul in backward", MatmulInBackward, "matrix product"),
+                           ("step 08 keeps P", KeepsP, "kept")):
+        def train(q, k, v, causal=False, scale=None, F=F):
+            return F.apply(q, k, v, bool(causal), scale)
+        expect(label, J.run_inprocess(step08, train, ["test_medium"]),
+               lambda t, v, says=says: v.points == 0 and says in v.message)
 
 
 def _hopper_solution(step: Path):

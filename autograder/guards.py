@@ -59,6 +59,13 @@ _ATEN_ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention
 _ATEN_SOFTMAX = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax",
                  "aten::_log_softmax", "aten::special_softmax")
 
+# Matrix products: forbidden where the step grades kernels that compute them (step 08's backward).
+_ATEN_MATMUL = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
+                "aten::dot", "aten::vdot", "aten::mv", "aten::addmv", "aten::linear", "aten::_scaled_mm",
+                "aten::_int_mm", "aten::einsum", "aten::tensordot", "aten::inner", "aten::outer")
+_MATMUL_CAUSE = ("this step grades your kernels: the matrix products of attention (S = Q K^T, O = P V, and "
+                 "the backward's dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q) run in them with tl.dot, "
+                 "not in PyTorch")
 _ATTN_CAUSE = ("this step grades your own attention, so PyTorch's attention may not be called from "
                "it: compute S = scale * Q K^T, the softmax and O = P V yourself, as the task says")
 _SOFTMAX_CAUSE = ("a softmax over all {skv} keys at once materialises the full score matrix, which "
@@ -76,8 +83,9 @@ def _softmax_dim(args, kwargs, aten: bool):
 class _Watch:
     """Shared state of one guarded call: the score shape, what was seen, whether softmax is allowed."""
 
-    def __init__(self, name: str, skv: int, allow_softmax: bool):
+    def __init__(self, name: str, skv: int, allow_softmax: bool, forbid_matmul: bool = False):
         self.name, self.skv, self.allow_softmax = name, skv, allow_softmax
+        self.forbid_matmul = forbid_matmul
         self.violations: list[str] = []
 
     def flag(self, api: str, cause: str) -> None:
@@ -121,6 +129,8 @@ class _DispatchGuard(TorchDispatchMode):
         name = func.name()
         if any(s in name for s in _ATEN_ATTENTION):
             self.watch.flag(f"PyTorch's attention kernel ({name})", _ATTN_CAUSE)
+        if self.watch.forbid_matmul and name.split(".")[0] in _ATEN_MATMUL:
+            self.watch.flag(f"a PyTorch matrix product ({name})", _MATMUL_CAUSE)
         if name.split(".")[0] in _ATEN_SOFTMAX and args:
             self.watch.softmax(name.split(".")[0], args[0], _softmax_dim(args, kwargs, True))
         return func(*args, **kwargs)
@@ -128,10 +138,10 @@ class _DispatchGuard(TorchDispatchMode):
 
 @contextlib.contextmanager
 def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
-                                  allow_softmax: bool = False):
+                                  allow_softmax: bool = False, forbid_matmul: bool = False):
     """While the block runs, PyTorch's attention (and a softmax over all ``skv`` keys unless
     ``allow_softmax``) raises :class:`CheatDetected`; a hidden violation is raised at the end."""
-    watch = _Watch(name, skv, allow_softmax)
+    watch = _Watch(name, skv, allow_softmax, forbid_matmul)
     mha = torch.nn.MultiheadAttention.forward
 
     def forbidden_mha(*args, **kwargs):
@@ -148,18 +158,20 @@ def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
                             "it still counts)")
 
 
-def forbid_framework_attention(fn, allow_softmax: bool = False):
+def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: bool = False):
     """``fn`` wrapped so that it may not call PyTorch's attention while it runs (see module doc).
 
     Step 01 (vanilla attention) passes ``allow_softmax=True``: it may use ``torch.softmax`` but not
     SDPA. Steps 04 and later use the default, which also forbids a softmax over the whole row.
+    Step 08 adds ``forbid_matmul=True``: its kernels compute every matrix product (PyTorch's
+    matmul family, at the dispatcher, raises); the guard covers its forward and its backward.
     """
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "the entry point")
 
     @functools.wraps(fn)
     def guarded(q, k, v, *args, **kwargs):
         skv = k.shape[-2] if isinstance(k, torch.Tensor) and k.dim() >= 2 else 0
-        with framework_attention_forbidden(name, skv, allow_softmax):
+        with framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul):
             return fn(q, k, v, *args, **kwargs)
 
     return guarded

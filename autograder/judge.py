@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from facourse import AttentionCheckError
+from facourse.bench import MODES
 from facourse.softmax_check import SoftmaxCheckError
 
 from . import wire
@@ -224,7 +225,7 @@ class Judge:
             return {"error": skip}
         st.calls = [{"check": c.name, "kwargs": c.kwargs, "bind": c.bind, "seed": secrets.randbits(31),
                      "guard": st.test.guard, "count_flops": st.test.count_flops,
-                     "perf": st.test.perf} for c in st.test.checks]
+                     "perf": st.test.perf, "train": st.test.train} for c in st.test.checks]
         return {"calls": st.calls, "device": "cuda" if self.device.startswith("cuda") else "cpu"}
 
     def _unavailable(self, test: Test) -> str | None:
@@ -308,7 +309,9 @@ class Judge:
             return refuse("flagged", "the timing record holds a time that is not positive")
         cfg = get_config(spec["config"], self.device)
         gpu = torch.cuda.get_device_name(self.device)
-        tflops_s, tflops_r = cfg.flops() / (t_s * 1e-3) / 1e12, cfg.flops() / (t_r * 1e-3) / 1e12
+        mode = spec.get("mode", "forward")
+        flops = cfg.flops() * MODES[mode]
+        tflops_s, tflops_r = flops / (t_s * 1e-3) / 1e12, flops / (t_r * 1e-3) / 1e12
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
         nums = {"t_student_ms": t_s, "t_ref_ms": t_r, "tflops_student": tflops_s, "tflops_ref": tflops_r,
                 "ratio": t_r / t_s, "backend": t["reference"], "gpu": gpu, "env": {**env, "gpu": gpu},
@@ -317,7 +320,7 @@ class Judge:
         if flag:
             return refuse("flagged", f"Not trusted: {flag}", **nums)
         try:
-            cal = calibration(self.device, spec["config"], t["reference"])
+            cal = calibration(self.device, spec["config"], t["reference"], mode)
         except Exception as err:
             return refuse("unverified", f"the judge could not time the reference on this GPU to check the "
                           f"record against ({type(err).__name__}: {err}); no perf points", **nums)
@@ -328,7 +331,8 @@ class Judge:
                           f"{CALIBRATION_FACTOR}x apart): the timing was not measured as the bench measures",
                           **nums)
         got = points_for(t_r / t_s, t, max_points)
-        line = (f"{spec['config']}: {tflops_s:.0f} TFLOP/s against SDPA {t['reference']} {tflops_r:.0f}: "
+        what = "" if mode == "forward" else f" ({mode})"
+        line = (f"{spec['config']}{what}: {tflops_s:.0f} TFLOP/s against SDPA {t['reference']} {tflops_r:.0f}: "
                 f"{t_r / t_s:.2f}x; thresholds min {t['min']} (half the points), target {t['target']} (all): "
                 f"{got:g} of {max_points:g} points")
         return Verdict(got, max_points, got > 0, "" if got > 0 else line, output + [line],
@@ -425,16 +429,16 @@ _CAL: dict = {}
 _CAL_LOCK = threading.Lock()
 
 
-def calibration(device: str, config: str, backend: str) -> float:
+def calibration(device: str, config: str, backend: str, mode: str = "forward") -> float:
     """The reference backend's own time (ms) on ``config`` on this GPU, measured once by the judge.
     Raises when it cannot be measured: a perf record is then not accepted (nothing to check it by)."""
     from facourse import bench_attention, sdpa_reference
 
-    key = (device, torch.cuda.get_device_name(device), config, backend)
+    key = (device, torch.cuda.get_device_name(device), config, backend, mode)
     with _CAL_LOCK:
         if key not in _CAL:
             ref, _ = sdpa_reference(backend)
             with torch.cuda.device(device):
-                res = bench_attention(ref, config, backend=backend, dtype=torch.float16)
+                res = bench_attention(ref, config, backend=backend, dtype=torch.float16, mode=mode)
             _CAL[key] = res.t_ref_ms
         return _CAL[key]

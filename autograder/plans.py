@@ -11,7 +11,10 @@ by name, with their keyword arguments; the judge adds a fresh secret seed to eac
 * ``bind``: keyword arguments bound to the entry point for one check (block sizes of step 04);
 * ``count_flops``: the kernel reports each call's matmul FLOPs (step 04's tile skipping);
 * ``perf``: a timing cell: the check is the correctness half, the kernel's timing is the other;
-* ``sass``: the judge compiles the submitted ``student_kernel.cu`` itself and reads its SASS.
+* ``sass``: the judge compiles the submitted ``student_kernel.cu`` itself and reads its SASS;
+* ``train``: the entry point is a training one (step 08): the check calls it through
+  ``facourse.backward.forward_backward`` (one forward, one backward: o, dq, dk, dv and the state
+  the forward kept), inside the guard, so the guard covers the backward too.
 
 A test passes when every check passes in the judge; a perf test then earns what
 ``thresholds.toml`` gives its measured ratio. Tests are all-or-nothing otherwise.
@@ -36,6 +39,7 @@ class Test:
     count_flops: bool = False
     perf: dict | None = None
     sass: bool = False
+    train: bool = False
 
 
 def _attn(*configs, **kw) -> tuple:
@@ -165,6 +169,35 @@ def _step07() -> dict[str, Test]:
     return tests
 
 
+def _step08() -> dict[str, Test]:
+    guard = {"allow_softmax": False, "forbid_matmul": True}
+
+    def t(*configs, needs=None, **kw):
+        return Test(tuple(Check("gradients", {"config": c, **kw}) for c in configs), guard=guard, needs=needs,
+                    train=True)
+
+    tests = {
+        "test_small": Test((Check("gradients", {"config": "small"}),
+                            Check("gradients", {"config": "small", "scale": 0.05, "layout": "bhsd"})),
+                           guard=guard, train=True),
+        "test_medium": t("medium"),
+        "test_large": t("large"),
+        "test_noncausal": t("noncausal"),
+        "test_asymmetric": t("asymmetric"),
+        "test_edge_ragged": t("ragged", "ragged_noncausal"),
+        "test_edge_decode": t("decode"),
+        "test_edge_empty_rows": t("empty_rows"),
+        "test_edge_d64_mqa": t("d64", "mqa"),
+        "test_edge_overflow": t("overflow"),
+        "test_gradcheck": Test((Check("gradcheck"),), guard=guard, train=True),
+        "test_bf16": t("medium", "ragged", "empty_rows", needs="gpu", dtype="bfloat16"),
+    }
+    tests.update({f"perf_{c}": Test((Check("perf_gradients", {"config": c}),), guard=None, needs="gpu", train=True,
+                                    perf={"step": "08_backward", "config": c, "capability": None, "mode": "backward"})
+                  for c in ("large", "long")})
+    return tests
+
+
 PLANS = {
     "01_vanilla_attention": _step01,
     "02_safe_softmax": _step02,
@@ -173,6 +206,7 @@ PLANS = {
     "05_triton_flash_attention": _step05,
     "06_cuda_flash_attention": _step06,
     "07_hopper_flash_attention": _step07,
+    "08_backward": _step08,
 }
 
 

@@ -3,13 +3,17 @@
     PYTHONPATH=src:. python -m benchmarks.ladder STEP [--only RUNGS] [--quick] [--out DIR]
     PYTHONPATH=src:. python -m benchmarks.ladder 06 --sanitize [--only v6_fa2_tiles_lazy] [--checks small,ragged]
 
-STEP is 05, 06 or 07; what it runs comes from solutions/NN_*/step.toml (facourse.steps):
+STEP is 05, 06, 07 or 08; what it runs comes from solutions/NN_*/step.toml (facourse.steps):
 - the solution rung: checked (facourse.check_entry_point, with lse) on the five configurations
   and every edge case in fp16 and bf16, then timed with facourse.bench_attention against SDPA's
   FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends on the five, `long` and the manifest's sweep
   (facourse.configs.SWEEP: 512-16k or 4k-16k, causal and not), fp16 and bf16;
 - every other rung: its one `check` (default `large`) and its `bench` list (default `large`,
   `long`) in fp16, against the step's reference backend and FA2.
+Step 08's manifest says `mode = "backward"`: its rungs are training entry points, checked by their
+gradients (facourse.backward.check_gradients) and timed by their backward alone
+(facourse.bench_attention mode="backward", FLOPs 2.5x the forward's); the solution is also timed
+forward + backward (mode="train": rows marked "mode": "train") on `large`, `long` and the sweep.
 Triton rungs are loaded from their file; CUDA rungs are built with facourse.cuda_build's
 load_cuda_extension (rung .cu + the step's fa_binding.cpp; sm_90a for step 07), all at once in a
 process pool. Each rung then runs in its own process under --timeout (a hung kernel costs that
@@ -47,9 +51,10 @@ SCHEMA = 1
 # {"schema": 1, "step": "05", "env": {gpu, date, torch, triton, cuda, cudnn, capability, sm_count},
 #  "timing": facourse.bench.TIMING, "reference": the step's backend, "solution": rung name,
 #  "rungs": {name: {file, verdict, build_s?, error?, autotune?}},
+#  "mode"?: "backward" (step 08: what a bench row times; absent = the forward),
 #  "rows": [{rung, config, dtype, kind: "check", check: "ok"|"error", error?}
 #           {rung, config, dtype, kind: "bench", ref_backend, tflops, tflops_ref, ratio, ms, ms_ref,
-#            host_us, host_ref_us} or {..., kind: "bench", ref_backend, error}]}
+#            host_us, host_ref_us, mode?: "train"} or {..., kind: "bench", ref_backend, error}]}
 DTYPES = ("float16", "bfloat16")
 #: Configurations a rung may name besides facourse.configs': v1 of step 05 holds one tile (Skv <= 256).
 EXTRA_CONFIGS = {"one_tile": AttnConfig("one_tile", 8, 32, 8, 128, 128, 128, True)}
@@ -175,7 +180,9 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
     import torch
 
     from facourse import bench_attention, check_entry_point
+    from facourse.backward import check_gradients
     res: dict = {"rows": []}
+    mode = m["exercise"].get("mode", "forward")
     save = lambda: out.write_text(json.dumps(res))  # noqa: E731
     fn = entry_point(m, name)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -185,7 +192,10 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
         t0 = time.time()
         try:
             cfg = config(cname) if cname in EXTRA_CONFIGS else cname
-            check_entry_point(fn, cfg, device=dev, dtype=getattr(torch, dt), expect_lse=True, verbose=False)
+            if mode == "backward":
+                check_gradients(fn, cfg, device=dev, dtype=getattr(torch, dt), verbose=False)
+            else:
+                check_entry_point(fn, cfg, device=dev, dtype=getattr(torch, dt), expect_lse=True, verbose=False)
             row["check"] = "ok"
         except Exception as e:  # noqa: BLE001 (record every failure, keep going)
             row.update(check="error", error=f"{type(e).__name__}: {e}"[:1500])
@@ -199,15 +209,18 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
         print(f"  {name}: a check failed, not timed", flush=True)
         return
     for _ in range(2):   # discarded: the first timings of a fresh GPU read slow while its clocks rise
-        bench_attention(fn, bds[0][0], backend=bds[0][2])
-    for cfg, dt, be in bds:
-        row = {"rung": name, "config": cfg.name, "dtype": dt, "kind": "bench"}
+        bench_attention(fn, bds[0][0], backend=bds[0][2], mode=mode)
+    if mode == "backward" and name == m["ladder"]["solution"]:   # forward + backward too, against FA2
+        bds += [(cfg, dt, "FLASH_ATTENTION", "train") for cfg, dt, be in bds if be == "FLASH_ATTENTION"
+                and cfg.name in ("large", "long", *sweep_names(m, True))]
+    for cfg, dt, be, *train in bds:
+        row = {"rung": name, "config": cfg.name, "dtype": dt, "kind": "bench", **({"mode": "train"} if train else {})}
         t0 = time.time()
         try:
-            b = bench_attention(fn, cfg, backend=be, dtype=getattr(torch, dt))
+            b = bench_attention(fn, cfg, backend=be, dtype=getattr(torch, dt), mode="train" if train else mode)
             row.update(ref_backend=b.backend, tflops=b.tflops_student, tflops_ref=b.tflops_ref, ratio=b.ratio,
                        ms=b.t_student_ms, ms_ref=b.t_ref_ms, host_us=b.host_student_us, host_ref_us=b.host_ref_us)
-            print(f"  {name:>20} {cfg.name:>14} {dt:>8} {b.tflops_student:6.0f} vs {b.backend[:15]:<15} "
+            print(f"  {name:>20} {cfg.name + (' f+b' if train else ''):>14} {dt:>8} {b.tflops_student:6.0f} vs {b.backend[:15]:<15} "
                   f"{b.tflops_ref:6.0f} TFLOP/s  x{b.ratio:.2f}", flush=True)
         except Exception as e:  # noqa: BLE001
             row.update(ref_backend=be, error=f"{type(e).__name__}: {e}"[:500])
@@ -239,7 +252,8 @@ def table(d: dict) -> str:
     by: dict = {}
     for r in rows:
         if r["kind"] == "bench" and "ratio" in r:
-            by.setdefault((r["rung"], r["config"], r["dtype"]), {})[r["ref_backend"][:15]] = r
+            cname = r["config"] + (" f+b" if r.get("mode") == "train" else "")
+            by.setdefault((r["rung"], cname, r["dtype"]), {})[r["ref_backend"][:15]] = r
     if by:
         lines.append(f"{'rung':>22} {'config':>14} {'dtype':>8} {'TFLOP/s':>7}  vs reference: ratio (ref TFLOP/s)")
     for (name, cname, dt), d2 in by.items():
@@ -317,7 +331,7 @@ def main(argv=None) -> int:
     env = env_info()
     from facourse.bench import TIMING
     d = {"schema": SCHEMA, "step": sid, "env": env, "timing": TIMING, "reference": m["reference"]["backend"],
-         "solution": m["ladder"]["solution"],
+         **({"mode": m["exercise"]["mode"]} if "mode" in m["exercise"] else {}), "solution": m["ladder"]["solution"],
          "rungs": {n: {"file": rung(m, n)["file"], "verdict": rung(m, n)["verdict"]} for n in names}, "rows": []}
     path = out / f"{env['date']}_{gpu_tag(env['gpu'])}_step{sid}.json"
     save = lambda: path.write_text(json.dumps(d, indent=1))  # noqa: E731

@@ -56,7 +56,7 @@ def latest(step: str) -> tuple[str, dict]:
 def measured() -> dict:
     """course/results/measured.json: what the lectures show, from the committed results."""
     out = {}
-    for step in ("05", "06", "07"):
+    for step in ("05", "06", "07", "08"):
         try:
             name, d = latest(step)
         except FileNotFoundError:
@@ -165,6 +165,11 @@ TABLES = {
     "step07_source": lambda: source("07"),
     "step07_ladder": lambda: R.ladder_table(_m("07")),
     "step07_bar": lambda: R.bar_table(_m("07")),
+    "step08": lambda: R.solution_table(_m("08")),
+    "step08_source": lambda: source("08"),
+    "step08_ladder": lambda: R.ladder_table(_m("08")),
+    "step08_bar": lambda: R.bar_table(_m("08")),
+    "step08_train": lambda: R.solution_table(_m("08"), train=True),
 }
 
 

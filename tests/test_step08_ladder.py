@@ -1,14 +1,13 @@
-"""Step 08, the attention backward: every rung of solutions/08_backward/ladder on the CPU.
+"""Step 08, the attention backward: every rung of solutions/08_backward/ladder, and the check's diagnoses.
 
-Each rung's ``flash_attention_train`` (step 05's Triton forward, then the rung's backward) runs
-through Triton's interpreter in a subprocess (so that TRITON_INTERPRET is set before triton is
-imported), in fp16 on tiny shapes, and its dq, dk, dv are compared with float64 autograd through
-facourse's reference attention, by the course's rule applied to gradients: finite, within twice
-the error of the same computation in fp16 + 1e-3, relative error < 1e-2. Cases: ragged lengths,
-Sq = 1, causal Sq > Skv (rows that see no key must get exactly zero dq), causal Sq < Skv, D = 64
-and 128, MQA, GQA, non-contiguous q, k, v and dO, and logits 64x larger than usual (q, k * 8).
-A second test shows the check catches wrong backwards (no GQA sum, no D term, unguarded lse,
-no causal mask); a GPU test runs the Triton rungs at full size against SDPA's FLASH backend.
+Each rung's ``flash_attention_train`` (a Triton forward, then the rung's backward) runs through
+Triton's interpreter in a subprocess (so that TRITON_INTERPRET is set before triton is imported),
+in fp16 on small shapes, through the course's one gradient check (facourse.backward.check_gradients:
+o, dq, dk, dv against float64 autograd by the course's rule, zero gradients for rows that see no
+key, O(N) state kept by the forward). Cases: ragged lengths, Sq = 1, causal Sq > Skv and Sq < Skv,
+D = 64 and 128, MQA, GQA, non-contiguous q, k, v and dO, logits 64x larger than usual.
+The check can fail: the classic mistakes, planted in v1's PyTorch backward, are each caught with a
+message that names them. A GPU test runs the Triton rungs at full size.
 """
 from __future__ import annotations
 
@@ -40,16 +39,12 @@ PRELUDE = f"""
     import sys, torch
     sys.path.insert(0, {str(LADDER)!r})
     import common
-    from facourse.configs import AttnConfig, make_inputs
-    torch.manual_seed(0)
+    from facourse.backward import check_gradients
+    from facourse.configs import AttnConfig
 
-    def case(name, spec):
-        B, Hq, Hkv, Sq, Skv, D, causal, ls = spec
-        cfg = AttnConfig(name, B, Hq, Hkv, Sq, Skv, D, causal, logit_scale=ls)
-        q, k, v = make_inputs(cfg, 3, "cpu", torch.float16, "bshd")       # non-contiguous views
-        do = torch.randn(B, Sq, Hq, D, dtype=torch.float16).transpose(1, 2)  # and a non-contiguous dO
-        assert Sq == 1 or not (q.is_contiguous() or do.is_contiguous())
-        return cfg, q, k, v, do
+    def config(name):
+        B, Hq, Hkv, Sq, Skv, D, causal, ls = {CASES!r}[name]
+        return AttnConfig(name, B, Hq, Hkv, Sq, Skv, D, causal, logit_scale=ls)
 """
 
 
@@ -62,85 +57,88 @@ def _python(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("rung", RUNGS)
 def test_rung_gradients_in_interpreter(rung):
-    """dq, dk, dv of the rung's autograd.Function match float64 autograd on every case."""
+    """o, dq, dk, dv of the rung's autograd.Function pass the course's check on every case."""
     r = _python(f"""
         import {rung} as rung
-        for name, spec in {CASES!r}.items():
-            cfg, q, k, v, do = case(name, spec)
-            qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-            o = rung.flash_attention_train(qg, kg, vg, causal=cfg.causal)
-            # O(N) state: the Function saved q, k, v, o and lse, nothing of size Sq x Skv
-            saved = [tuple(t.shape) for t in o.grad_fn.saved_tensors]
-            assert saved == [tuple(q.shape), tuple(k.shape), tuple(v.shape), tuple(q.shape),
-                             tuple(q.shape[:3])], saved
-            got = torch.autograd.grad(o, (qg, kg, vg), do)
-            assert [g.dtype for g in got] == [torch.float16] * 3
-            o_ref, *ref = common.reference_grads(q, k, v, do, cfg.causal)
-            assert (o.double() - o_ref).abs().max() < 1e-2
-            common.check_grads(got, ref, common.low_precision_grads(q, k, v, do, cfg.causal))
-            empty = common.empty_rows(cfg.Sq, cfg.Skv, cfg.causal)
-            if empty.any():                      # rows that see no key: exactly zero, never NaN
-                assert (got[0][:, :, empty] == 0).all()
-                assert empty.sum() == cfg.Sq - cfg.Skv
+        for name in {list(CASES)!r}:
+            check_gradients(rung.flash_attention_train, config(name), device="cpu", dtype=torch.float16,
+                            seed=3, verbose=False)
             print("ok", name, flush=True)
         if hasattr(rung, "INTERPRET_TILES") and rung.INTERPRET_TILES.get("one_launch"):
             # v3 runs its two kernels in one grid; its separate kernels (the tuning path) too
             rung.FORCE_TILES = dict(rung.INTERPRET_TILES, one_launch=False)
+            two = common.make_train_fn(rung.attention_backward, "TwoLaunches")
             for name in ("ragged_gqa_causal_sq_lt_skv", "empty_rows"):
-                cfg, q, k, v, do = case(name, {CASES!r}[name])
-                o, lse = common.attention_forward(q, k, v, cfg.causal)
-                got = rung.attention_backward(q, k, v, o, lse, do, cfg.causal)
-                _, *ref = common.reference_grads(q, k, v, do, cfg.causal)
-                common.check_grads(got, ref, common.low_precision_grads(q, k, v, do, cfg.causal))
+                check_gradients(two, config(name), device="cpu", dtype=torch.float16, seed=4, verbose=False)
                 print("ok two launches", name, flush=True)
         """)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("ok ") == len(CASES) + 2 * ("v3" in rung), r.stdout
 
 
-def test_check_catches_wrong_backwards():
-    """The checks above can fail: four plausible mistakes in v1's backward are each caught."""
-    r = _python(f"""
-        import v1_pytorch_tiled as v1
-        from facourse.reference import reference_attention
+# The classic mistakes, planted in v1's backward (PyTorch, no interpreter: fast), and what the
+# check's message must name. Each wraps v1.attention_backward(q, k, v, o, lse, do, causal, scale).
+PLANTED = {
+    "no_D": ("o = torch.zeros_like(o)", "ragged_gqa_causal_sq_lt_skv", "the D term is missing"),
+    "gqa_not_summed": ("G = q.shape[1] // k.shape[1]; _, dk, dv = v1.attention_backward("
+                       "q[:, ::G], k, v, o[:, ::G], lse[:, ::G], do[:, ::G], causal, scale)",
+                       "ragged_gqa_causal_sq_lt_skv", "GQA: dK and dV hold only"),
+    "dq_scaled_twice": ("dq = dq * (scale or q.shape[-1] ** -0.5)", "mqa", "dQ is scaled twice"),
+    "no_causal_mask": ("dq, dk, dv = v1.attention_backward(q, k, v, o, lse, do, False, scale)",
+                       "ragged_gqa_causal_sq_lt_skv", "the causal mask is missing in the backward"),
+    "lse_wrong_row": ("dq, dk, dv = v1.attention_backward(q, k, v, o, torch.cat([lse[:, :, 1:], lse[:, :, -1:]], 2), "
+                      "do, causal, scale)", "d128_gqa", "another row's lse"),
+    "unguarded_lse": ("dq, dk, dv = v1.attention_backward(q, k, v, o, torch.where(torch.isinf(lse), -1e30, lse), "
+                      "do, causal, scale)", "empty_rows", "see no key"),
+}
 
-        def no_gqa_sum(q, k, v, o, lse, do, causal=False, scale=None):   # dK, dV of one head only
-            G = q.shape[1] // k.shape[1]
+
+@pytest.mark.parametrize("bug", PLANTED)
+def test_planted_bugs_are_caught_and_named(bug):
+    """Each classic mistake fails the check with a message naming it; the unplanted v1 passes."""
+    sys.path.insert(0, str(LADDER))
+    from conftest import load_module
+    from facourse import AttentionCheckError
+    from facourse.backward import check_gradients
+    from facourse.configs import AttnConfig
+    from facourse.reference import reference_attention
+    v1 = load_module(LADDER / "v1_pytorch_tiled.py", "v1_pytorch_tiled")
+    plant, case, says = PLANTED[bug]
+    B, Hq, Hkv, Sq, Skv, D, causal, ls = CASES[case]
+    cfg = AttnConfig(case, B, Hq, Hkv, Sq, Skv, D, causal, logit_scale=ls)
+
+    def train_fn(planted: bool):
+        def backward(q, k, v, o, lse, do, causal, scale):
             dq, dk, dv = v1.attention_backward(q, k, v, o, lse, do, causal, scale)
-            dq1, dk1, dv1 = v1.attention_backward(q[:, ::G], k, v, o[:, ::G], lse[:, ::G], do[:, ::G], causal, scale)
-            return dq, dk1, dv1
+            if planted:
+                scope = {"v1": v1, "torch": torch, "q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do,
+                         "causal": causal, "scale": scale, "dq": dq, "dk": dk, "dv": dv}
+                exec(plant, scope)
+                if "o" in plant.split("=")[0]:       # a wrong input to the backward: run it again
+                    scope["dq"], scope["dk"], scope["dv"] = v1.attention_backward(
+                        q, k, v, scope["o"], lse, do, causal, scale)
+                dq, dk, dv = scope["dq"], scope["dk"], scope["dv"]
+            return dq, dk, dv
 
-        def no_delta(q, k, v, o, lse, do, causal=False, scale=None):     # dS = P * dP: D_i forgotten
-            return v1.attention_backward(q, k, v, torch.zeros_like(o), lse, do, causal, scale)
+        class Fn(torch.autograd.Function):      # the reference forward: no interpreter needed here
+            @staticmethod
+            def forward(ctx, q, k, v, causal, scale):
+                o, lse = reference_attention(q, k, v, causal, scale, dtype=torch.float32)
+                o = o.to(q.dtype)
+                ctx.save_for_backward(q, k, v, o, lse)
+                ctx.causal, ctx.scale = causal, scale
+                return o
 
-        def unguarded_lse(q, k, v, o, lse, do, causal=False, scale=None):  # exp(s - lse) with lse = -inf
-            lse = torch.where(torch.isinf(lse), -1e30, lse)                # v1's guard undone
-            return v1.attention_backward(q, k, v, o, lse, do, causal, scale)
+            @staticmethod
+            def backward(ctx, do):
+                return (*backward(*ctx.saved_tensors, do, ctx.causal, ctx.scale), None, None)
 
-        def no_causal(q, k, v, o, lse, do, causal=False, scale=None):    # the mask forgotten
-            return v1.attention_backward(q, k, v, o, lse, do, False, scale)
+        return lambda q, k, v, causal=False, scale=None: Fn.apply(q, k, v, causal, scale)
 
-        wrong = {{"no_gqa_sum": (no_gqa_sum, "ragged_gqa_causal_sq_lt_skv"),
-                 "no_delta": (no_delta, "mqa"),
-                 "unguarded_lse": (unguarded_lse, "empty_rows"),
-                 "no_causal": (no_causal, "ragged_gqa_causal_sq_lt_skv")}}
-        for bug, (fn, name) in wrong.items():
-            cfg, q, k, v, do = case(name, {CASES!r}[name])
-            o, lse = reference_attention(q, k, v, cfg.causal, dtype=torch.float32)
-            o = o.half()
-            got = fn(q, k, v, o, lse, do, cfg.causal)
-            _, *ref = common.reference_grads(q, k, v, do, cfg.causal)
-            try:
-                common.check_grads(got, ref, common.low_precision_grads(q, k, v, do, cfg.causal))
-            except AssertionError as e:
-                print("caught", bug, str(e).splitlines()[0], flush=True)
-            else:
-                print("MISSED", bug, flush=True)
-            good = v1.attention_backward(q, k, v, o, lse, do, cfg.causal)
-            common.check_grads(good, ref, common.low_precision_grads(q, k, v, do, cfg.causal))
-        """)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count("caught ") == 4, r.stdout
+    check_gradients(train_fn(False), cfg, device="cpu", dtype=torch.float32, seed=5, verbose=False)
+    with pytest.raises(AttentionCheckError) as err:
+        check_gradients(train_fn(True), cfg, device="cpu", dtype=torch.float32, seed=5, verbose=False)
+    assert says in str(err.value), str(err.value)
 
 
 @pytest.mark.gpu
@@ -148,21 +146,10 @@ def test_check_catches_wrong_backwards():
 @pytest.mark.parametrize("rung", RUNGS[1:])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_rung_full_size_gpu(rung, dtype):
-    """`large` with B = 1 (non-contiguous inputs and dO): within twice SDPA FLASH's own error."""
+    """`large` with B = 1 (non-contiguous inputs and dO): the course's check at full size."""
     from conftest import load_module
-    from facourse.configs import CONFIGS, make_inputs, scaled
+    from facourse.backward import check_gradients
+    from facourse.configs import CONFIGS, scaled
     sys.path.insert(0, str(LADDER))
-    common = load_module(LADDER / "common.py", "common")
     mod = load_module(LADDER / f"{rung}.py", rung)
-    cfg = scaled(CONFIGS["large"], B=1)
-    q, k, v = make_inputs(cfg, 1, "cuda", dtype, "bshd")
-    do = torch.randn(cfg.B, cfg.Sq, cfg.Hq, cfg.D, device="cuda", dtype=dtype).transpose(1, 2)
-    _, *ref = common.reference_grads(q, k, v, do, cfg.causal, dtype=torch.float32)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
-    low = torch.autograd.grad(o, (qs, ks, vs), do)
-    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    got = torch.autograd.grad(mod.flash_attention_train(qg, kg, vg, causal=True), (qg, kg, vg), do)
-    common.check_grads(got, ref, low)
+    check_gradients(mod.flash_attention_train, scaled(CONFIGS["large"], B=1), device="cuda", dtype=dtype)

@@ -10,7 +10,8 @@
 //
 // The course's ladder builds this same harness with other traits (ladder/v2_mma.cu, v3_cp_async.cu:
 // fewer warps, synchronous loads, row-major tiles), and its v5/v6 kernel (ladder/harness.cuh) shares
-// num_key_tiles, apply_mask and epilogue below (v1 the first and row_lse). The exercise always uses
+// num_key_tiles, apply_mask and epilogue below, and calls your online_softmax_update's solution
+// (v1, the scalar baseline: num_key_tiles, key_masked and row_lse). The exercise always uses
 // ExerciseTraits.
 #pragma once
 
@@ -61,8 +62,13 @@ FA_DEVICE int num_key_tiles(const FaParams& p, int m0, int diag, int block_m, in
   return Tc;
 }
 
-// Keys that query `row` may not see get -inf: past the end (col >= Skv) or, when causal,
-// past the bottom-right diagonal (col > row + Skv - Sq).
+// The mask: query `row` may not see key `key` when the key is past the end (key >= Skv) or, when
+// causal, past the bottom-right diagonal (key > row + diag, diag = Skv - Sq).
+FA_DEVICE bool key_masked(int key, int row, int Skv, int diag, bool causal) {
+  return key >= Skv || (causal && key > row + diag);
+}
+
+// The mask on a warp's C fragments of S: keys the query may not see get -inf.
 template <int NB>
 FA_DEVICE void apply_mask(float (&s)[NB][4], int row_g, int n0, int Skv, int diag, bool causal, int lane) {
 #pragma unroll
@@ -71,7 +77,7 @@ FA_DEVICE void apply_mask(float (&s)[NB][4], int row_g, int n0, int Skv, int dia
     for (int e = 0; e < 4; ++e) {
       int col = n0 + n * 8 + 2 * (lane & 3) + (e & 1);
       int row = row_g + (e >> 1) * 8;
-      if (col >= Skv || (causal && col > row + diag)) s[n][e] = -INFINITY;
+      if (key_masked(col, row, Skv, diag, causal)) s[n][e] = -INFINITY;
     }
 }
 

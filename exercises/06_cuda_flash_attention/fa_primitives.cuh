@@ -109,3 +109,31 @@ FA_DEVICE int swizzle(int row, int col) {
 
 #define FA_LOG2E 1.4426950408889634f
 #define FA_LN2 0.6931471805599453f
+
+// ---- the online softmax's scalar steps, for one row in log2 units (namespace fa: the names stay free
+// for helpers of your own). Every online softmax of the step (yours, the ladder's) is made of these.
+namespace fa {
+// exp2 on MUFU.EX2 alone (ex2.approx.ftz: about 2 ulp; exp2f adds a fix-up for results below 2^-126,
+// which P, stored as fp16/bf16 next, does not need)
+FA_DEVICE float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// The running max as the offset of a row's exponents: m, or 0 while the row has seen only masked keys
+// (m = -inf), where exp2(s - m) would compute -inf - (-inf) = NaN.
+FA_DEVICE float finite_max(float m) { return m == -INFINITY ? 0.f : m; }
+// alpha = exp2(m_old - m_new), the factor l and O are rescaled by when the running max moves from m_old
+// to m_new: exactly 1 when it stays (exp2_approx(0) is not promised to be), 0 from a row that saw only
+// masked keys.
+FA_DEVICE float rescale_factor(float m_old, float m_new) {
+  return m_new == m_old ? 1.f : exp2_approx(m_old - finite_max(m_new));
+}
+// How the running max moves: online_softmax_update's template argument Rescale. The exercise's is this
+// one: the exact max of the scores seen so far, and O_i *= alpha at every tile. (ladder/harness.cuh
+// holds the other, FlashAttention-4's lazy rescale, for the course's fastest rung.)
+struct EagerRescale {
+  static constexpr bool kLazy = false;   // true: O_i is rescaled only when some alpha of the warp != 1
+  static FA_DEVICE float running_max(float m_old, float tile_max) { return fmaxf(m_old, tile_max); }
+};
+}  // namespace fa

@@ -43,10 +43,12 @@ FA_DEVICE void qk_tile(float (&s)[BLOCK_N / 8][4], const uint32_t (&q_frag)[D / 
 //    l_i[r]: this lane's partial running sum (the harness adds the quad's four partials at the
 //    end). On return s holds P = exp2(s * scale_log2 - m_i_new), and o is rescaled by
 //    alpha = exp2(m_i_old - m_i_new). A row that has seen only -inf so far must stay NaN-free.
-template <int NB, int DB>
+//    fa_primitives.cuh has the scalar steps (fa::exp2_approx, fa::finite_max, fa::rescale_factor).
+//    Rescale: leave it be; the harness uses the default (the course's fastest rung passes another).
+template <int NB, int DB, class Rescale = fa::EagerRescale>
 FA_DEVICE void online_softmax_update(float (&s)[NB][4], float (&m_i)[2], float (&l_i)[2], float (&o)[DB][4],
                                      float scale_log2) {
-  // YOUR CODE HERE (about 20 lines)
+  // YOUR CODE HERE (about 24 lines)
   (void)s; (void)m_i; (void)l_i; (void)o; (void)scale_log2;
 }
 

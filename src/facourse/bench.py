@@ -2,7 +2,8 @@
 
 Student and reference run in the same process on the same inputs, in interleaved A/B rounds,
 timed with CUDA events, with L2 flushed before every call, after a warm-up; each side reports
-the median of at least 20 calls. TFLOP/s counts 4·B·Hq·D·(visible query-key pairs).
+the median of at least 20 calls. TFLOP/s counts 4·B·Hq·D·(visible query-key pairs) for a forward,
+2.5 times that for a backward (``mode``).
 
 The events time the GPU's work, not Python's. Before each call the GPU is kept busy (the L2
 flush, then a spin kernel) for longer than the host takes to enqueue the call, so the call's
@@ -160,18 +161,47 @@ def new_flush_buffer() -> torch.Tensor:
     return torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
 
 
+#: What ``bench_attention`` times, and the FLOPs it counts, per ``mode`` (as multiples of the forward's).
+MODES = {"forward": 1.0, "backward": 2.5, "train": 3.5}
+
+
+def _timed_call(fn, q, k, v, do, causal: bool, mode: str):
+    """A no-argument call that does ``mode``'s work: the forward; the backward alone (the forward runs
+    once here, its graph kept: each call is one ``torch.autograd.grad``); or both."""
+    if mode == "forward":
+        return lambda: fn(q, k, v, causal=causal)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+
+    def forward():
+        r = fn(*leaves, causal=causal)
+        return r[0] if isinstance(r, (tuple, list)) else r
+
+    if mode == "train":
+        return lambda: torch.autograd.grad(forward(), leaves, do)
+    o = forward()
+    return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+
 def bench_attention(fn, config: str | AttnConfig = "large", *, backend: str = "FLASH_ATTENTION",
                     dtype=torch.float16, rounds: int = 25, warmup: int = 5, seed: int = 0,
-                    layout: str = "bhsd") -> BenchResult:
-    """Time ``fn`` against SDPA's ``backend`` on ``config`` (GPU only; raises with a reason on CPU)."""
+                    layout: str = "bhsd", mode: str = "forward") -> BenchResult:
+    """Time ``fn`` against SDPA's ``backend`` on ``config`` (GPU only; raises with a reason on CPU).
+
+    ``mode``: ``"forward"``; ``"backward"`` (``fn`` is a training entry point; the time of
+    ``torch.autograd.grad`` through it against SDPA's own backward, FLOPs 2.5x the forward's: the
+    backward's five matmuls against the forward's two); ``"train"`` (forward and backward, 3.5x)."""
     require_gpu(what="benchmarking")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {tuple(MODES)}, not {mode!r}")
     cfg = config if isinstance(config, AttnConfig) else get_config(config, "cuda")
     q, k, v = make_inputs(cfg, seed, "cuda", dtype, layout)
+    do = torch.randn_like(q) if mode != "forward" else None
     ref, _ = sdpa_reference(backend)
-    calls = {"s": lambda: fn(q, k, v, causal=cfg.causal), "r": lambda: ref(q, k, v, causal=cfg.causal)}
+    calls = {"s": _timed_call(fn, q, k, v, do, cfg.causal, mode), "r": _timed_call(ref, q, k, v, do, cfg.causal, mode)}
     gpu, host = time_calls(calls, max(rounds, 20), new_flush_buffer(), warmup)
     ts, tr = statistics.median(gpu["s"]), statistics.median(gpu["r"])
-    flops = cfg.flops()
-    return BenchResult(cfg.describe(), gpu_name(), str(dtype).replace("torch.", ""), ref.last_backend, ts, tr,
+    flops = cfg.flops() * MODES[mode]
+    label = cfg.describe() if mode == "forward" else f"{cfg.describe()}, {mode}"
+    return BenchResult(label, gpu_name(), str(dtype).replace("torch.", ""), ref.last_backend, ts, tr,
                        flops / ts / 1e9, flops / tr / 1e9, tr / ts,
                        statistics.median(host["s"]), statistics.median(host["r"]))

@@ -34,24 +34,27 @@ def load(step: str, path: Path | str | None = None) -> dict | None:
 
 def compact(d: dict, source: str) -> dict:
     """What a lecture needs of a full results file: its header, check counts and bench rows."""
-    keep = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio")
+    keep = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio", "mode")
     checks: dict = {}
     for r in d["rows"]:
         if r["kind"] == "check":
             c = checks.setdefault(r["rung"], [0, 0])
             c[0] += r["check"] == "ok"
             c[1] += 1
-    rows = [{k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
+    rows = [{k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep if k in r}
             for r in d["rows"] if r["kind"] == "bench" and "ratio" in r]
     return {"schema": d["schema"], "step": d["step"], "source": source, "env": d["env"], "timing": d["timing"],
+            **({"mode": d["mode"]} if "mode" in d else {}),
             "reference": d["reference"], "solution": d["solution"],
             "rungs": {n: {"verdict": i["verdict"]} for n, i in d["rungs"].items()}, "checks": checks, "rows": rows}
 
 
 def bench(d: dict, rung: str | None = None, config: str | None = None, dtype: str | None = None,
-          backend: str | None = None) -> list[dict]:
-    """The bench rows that match (``None`` matches anything); ``backend`` matches the start of the name."""
+          backend: str | None = None, train: bool = False) -> list[dict]:
+    """The bench rows that match (``None`` matches anything); ``backend`` matches the start of the name.
+    Step 08's rows time the backward; ``train=True`` picks its forward + backward rows instead."""
     return [r for r in d["rows"] if r.get("kind", "bench") == "bench" and "ratio" in r
+            and (r.get("mode") == "train") == train
             and (rung is None or r["rung"] == rung) and (config is None or r["config"] == config)
             and (dtype is None or r["dtype"] == dtype) and (backend is None or r["ref_backend"].startswith(backend))]
 
@@ -66,17 +69,19 @@ def _span(xs: list[float]) -> str:
 
 def header(d: dict) -> str:
     e = d["env"]
+    what = "; the backward timed (FLOPs: 2.5x the forward's)" if d.get("mode") == "backward" else ""
     return (f"{e['gpu']}, {e['date']}, torch {e['torch']}, CUDA {e['cuda']}, cuDNN {e['cudnn']}"
-            + (f", Triton {e['triton']}" if d["step"] == "05" else "") + f"; timing: {d['timing']}")
+            + (f", Triton {e['triton']}" if d["step"] in ("05", "08") else "") + f"; timing: {d['timing']}{what}")
 
 
-def solution_table(d: dict) -> str:
-    """The solution on every timed configuration: TFLOP/s, against FA2 and against cuDNN."""
+def solution_table(d: dict, train: bool = False) -> str:
+    """The solution on every timed configuration: TFLOP/s, against FA2 and against cuDNN (step 08:
+    the backward, or with ``train`` forward + backward)."""
     out = [f"| config | dtype | ours ({d['solution']}) TFLOP/s | reference | ref TFLOP/s | ours / ref | "
            "SDPA cuDNN TFLOP/s | ours / cuDNN |", "|---|---|---|---|---|---|---|---|"]
-    sol = bench(d, d["solution"])
+    sol = bench(d, d["solution"], train=train)
     for cfg, dt in dict.fromkeys((r["config"], r["dtype"]) for r in sol):
-        rs = bench(d, d["solution"], cfg, dt)
+        rs = bench(d, d["solution"], cfg, dt, train=train)
         ref = next((r for r in rs if not r["ref_backend"].startswith(CUDNN)), None)
         cu = next((r for r in rs if r["ref_backend"].startswith(CUDNN)), None)
         first = ref or cu

@@ -29,7 +29,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (the forward, the autograd.Function factory, the gradient check)
+from facourse.reference import default_scale  # noqa: E402
+import common  # noqa: E402  (the forward, the autograd.Function factory)
 
 
 def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_m=64, block_n=64):
@@ -37,7 +38,7 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_m=64
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     G = Hq // Hkv
-    scale = common.default_scale(D, scale)
+    scale = default_scale(D, scale)
     f32 = torch.float32
     # the query heads of one KV head side by side: [B, Hkv, G, S, D]
     qf = q.to(f32).reshape(B, Hkv, G, Sq, D)
@@ -82,17 +83,7 @@ flash_attention_train = common.make_train_fn(attention_backward, "FlashAttention
 
 
 # ----------------------------------------------------------------------------- test
-def test():
-    from facourse.configs import EDGE_CASES, make_inputs, scaled
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    for cfg in [scaled(EDGE_CASES["ragged"], Sq=100, Skv=133), EDGE_CASES["empty_rows"], EDGE_CASES["mqa"]]:
-        q, k, v = make_inputs(cfg, 0, dev, torch.float16 if dev == "cuda" else torch.float32, "bshd")
-        do = torch.randn_like(q)
-        o, lse = common.attention_forward(q, k, v, cfg.causal)
-        got = attention_backward(q, k, v, o, lse, do, cfg.causal)
-        _, *ref = common.reference_grads(q, k, v, do, cfg.causal)
-        print(cfg.name, common.check_grads(got, ref))
-
-
 if __name__ == "__main__":
-    test()
+    from facourse.backward import check_gradients
+    for name in ("ragged", "empty_rows", "mqa", "decode", "ragged_noncausal"):
+        check_gradients(flash_attention_train, name)

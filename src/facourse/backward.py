@@ -1,0 +1,403 @@
+"""The backward pass's checks (step 08): gradients by the course's rule, the state a forward keeps.
+
+A training entry point is ``fn(q, k, v, causal=False, scale=None) -> o`` (or ``(o, lse)``) whose
+output supports ``.backward()``. :func:`forward_backward` turns it into the function the checks
+call, ``fb(q, k, v, do, causal=..., scale=...) -> (o, dq, dk, dv, kept)``: one forward, one
+``torch.autograd.grad``, and ``kept`` = ``[bytes autograd saved, bytes still held on the GPU]``
+after the forward. Every gradient is judged like the forward's output (``facourse.check``):
+
+  1. finite, and exactly zero for query rows that see no key;
+  2. max|g - g_ref| <= 2 · max|g_torch - g_ref| + 1e-3 · max|g_ref|, with g_torch PyTorch's own
+     gradient in the same dtype and g_ref the float64 (float32 on a GPU) reference;
+  3. max|g - g_ref| / max|g_ref| < 1e-2.
+
+A wrong gradient is compared with the gradients of the classic mistakes (the ``D`` term left out,
+GQA's dK/dV not summed over the group, dQ scaled twice, the causal mask left out of the backward,
+P rebuilt from another row's lse, ...) and the message names the one it matches.
+"""
+from __future__ import annotations
+
+import secrets
+import warnings
+
+import torch
+
+from .check import AttentionCheckError, _fmt_rows, _max_abs, check_attention, is_collecting, nan_filled_allocations
+from .configs import AttnConfig, get_config, make_inputs
+from .reference import causal_mask, default_scale, kv_head_index, validate_inputs
+
+REL_SLACK = 1e-3
+REL_LIMIT = 1e-2
+#: The forward may keep q, k, v, o (by reference: no bytes of its own) and O(N) state besides.
+#: Bytes allowed beyond those four: this many float32 numbers per query row and head (lse is one,
+#: D another; a P or S tile per row would be Skv of them), plus KEPT_PAD per (batch, head) for
+#: rows padded to a tile (an lse allocated for 128 rows where Sq = 1).
+KEPT_PER_ROW = 8
+KEPT_PAD = 256
+
+
+# ----------------------------------------------------------------------------- running
+def _unique_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.device)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _ctx_tensors(node, limit: int = 64) -> list:
+    """Tensors kept as attributes of the graph's nodes (``ctx.p = p`` in a custom Function: autograd's
+    saved-tensor hooks do not see them), down the graph from ``node``."""
+    out, todo, seen = [], [node], set()
+    while todo and len(seen) < limit:
+        n = todo.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        for x in getattr(n, "__dict__", {}).values():
+            items = x if isinstance(x, (list, tuple)) else x.values() if isinstance(x, dict) else (x,)
+            out += [t for t in items if isinstance(t, torch.Tensor)]
+        todo += [f for f, _ in getattr(n, "next_functions", ())]
+    return out
+
+
+def forward_backward(fn):
+    """``fn`` (a training entry point) as ``fb(q, k, v, do, causal=False, scale=None)`` returning
+    ``(o, dq, dk, dv, kept)``: the output, the three gradients of ``(o * do).sum()``, and
+    ``kept = tensor([saved_bytes, held_bytes])``: the bytes the forward saved for the backward
+    beyond q, k, v and o themselves (autograd's saved-tensor hooks, and tensors kept as attributes
+    of a custom Function's ctx), and on a GPU the memory the forward still held when it returned,
+    beyond o."""
+
+    def fb(q, k, v, do, causal=False, scale=None):
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        cuda = q.device.type == "cuda"
+        saved = []
+
+        def pack(t):
+            saved.append(t)
+            return t
+
+        kwargs = {"causal": causal} if scale is None else {"causal": causal, "scale": scale}
+        if cuda:
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated(q.device)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            result = fn(*leaves, **kwargs)
+        o = result[0] if isinstance(result, (tuple, list)) else result
+        if not isinstance(o, torch.Tensor):
+            raise AttentionCheckError(f"the function returned {type(o).__name__}; it must return the output "
+                                      "tensor o (or the pair (o, lse))")
+        held = 0
+        if cuda:
+            torch.cuda.synchronize()
+            held = max(0, torch.cuda.memory_allocated(q.device) - before - o.untyped_storage().nbytes())
+        own = {(t.untyped_storage().data_ptr(), t.device) for t in (*leaves, o)}
+        saved += _ctx_tensors(o.grad_fn)
+        saved_bytes = _unique_bytes(t for t in saved if (t.untyped_storage().data_ptr(), t.device) not in own)
+        if o.grad_fn is None:
+            raise AttentionCheckError(
+                "the output has no grad_fn: autograd cannot reach q, k, v from it. Wrap the forward and "
+                "your backward in a torch.autograd.Function (forward saves q, k, v, o, lse; backward "
+                "returns dq, dk, dv) and return Function.apply(...)")
+        grads = torch.autograd.grad(o, leaves, do, allow_unused=True)
+        for name, g in zip(("dq", "dk", "dv"), grads):
+            if g is None:
+                raise AttentionCheckError(f"{name} is None: the backward must return a gradient for each of "
+                                          "q, k and v (and None only for causal and scale)")
+        kept = torch.tensor([saved_bytes, held], dtype=torch.float64)
+        return (o.detach(), *grads, kept)
+
+    fb.__name__ = getattr(fn, "__name__", "forward_backward")
+    return fb
+
+
+def draw_dout(cfg: AttnConfig, seed: int, device, dtype) -> torch.Tensor:
+    """dO for ``cfg`` from ``seed``: a non-contiguous ``[B, Hq, Sq, D]`` view, as the tests pass it
+    (the last stride is 1; the head and row strides are swapped relative to a contiguous tensor)."""
+    g = torch.Generator(device="cpu").manual_seed(int(seed) ^ 0x5EED)
+    x = torch.randn(cfg.B, cfg.Sq, cfg.Hq, cfg.D, generator=g, dtype=torch.float32)
+    return x.to(device=device, dtype=dtype).permute(0, 2, 1, 3)
+
+
+# ----------------------------------------------------------------------------- references
+def attention_grads(q, k, v, do, causal=False, scale=None, *, dtype=None, variant: str | None = None):
+    """Gradients ``(dq, dk, dv)`` of attention computed plainly in ``dtype`` (float64 on a CPU, float32
+    on a GPU), or, with ``variant``, of a classic mistake (see ``VARIANTS``)."""
+    validate_inputs(q, k, v, scale)
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    s = default_scale(D, scale)
+    if dtype is None:
+        dtype = torch.float32 if q.device.type == "cuda" else torch.float64
+    idx = kv_head_index(Hq, Hkv).to(q.device)
+    mask = causal_mask(Sq, Skv, q.device) if causal else None
+    dqs, dks, dvs = [], [], []
+    for b in range(B):                    # one batch at a time bounds the [Hq, Sq, Skv] matrices
+        qd, kd, vd, dod = (t[b].to(dtype) for t in (q, k, v, do))
+        kx, vx = kd.index_select(0, idx), vd.index_select(0, idx)
+        S = torch.matmul(qd, kx.transpose(-1, -2)) * s                  # S = scale Q K^T
+        if mask is not None:
+            S = S.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(S, dim=-1, keepdim=True)
+        P = torch.nan_to_num(torch.exp(S - lse), nan=0.0)               # empty rows: P = 0
+        O = torch.matmul(P, vx)                                         # the forward's output
+        if variant == "no_mask_backward" and mask is not None:          # P rebuilt without the mask
+            S_all = torch.matmul(qd, kx.transpose(-1, -2)) * s
+            P = torch.nan_to_num(torch.exp(S_all - lse), nan=0.0, posinf=0.0)
+        if variant == "lse_next_row":                                   # lse of row i + 1
+            lse2 = torch.cat([lse[:, 1:], lse[:, -1:]], dim=1)
+            P = torch.nan_to_num(torch.exp(S - lse2), nan=0.0, posinf=0.0)
+        dP = torch.matmul(dod, vx.transpose(-1, -2))                    # dP = dO V^T
+        Dr = (dod * O).sum(-1, keepdim=True)                            # D = rowsum(dO o O)
+        if variant == "no_D":
+            Dr = torch.zeros_like(Dr)
+        dS = P * (dP - Dr)                                              # dS = P o (dP - D)
+        dq = torch.matmul(dS, kx) * s                                   # dQ = scale dS K
+        if variant == "dq_scaled_twice":
+            dq = dq * s
+        if variant == "dq_unscaled":
+            dq = dq / s
+        dk_h = torch.matmul(dS.transpose(-1, -2), qd) * s               # dK = scale dS^T Q
+        dv_h = torch.matmul(P.transpose(-1, -2), dod)                   # dV = P^T dO
+        if variant == "dk_unscaled":
+            dk_h = dk_h / s
+        g = Hq // Hkv
+        if variant in ("gqa_first_head", "gqa_last_head"):               # one query head per group
+            pick = 0 if variant == "gqa_first_head" else g - 1
+            dk = dk_h.view(Hkv, g, Skv, D)[:, pick]
+            dv = dv_h.view(Hkv, g, Skv, D)[:, pick]
+        else:
+            dk = dk_h.view(Hkv, g, Skv, D).sum(1)                       # GQA: sum over the group
+            dv = dv_h.view(Hkv, g, Skv, D).sum(1)
+        dqs.append(dq), dks.append(dk), dvs.append(dv)
+    return torch.stack(dqs), torch.stack(dks), torch.stack(dvs)
+
+
+def torch_grads(q, k, v, do, causal=False, scale=None):
+    """PyTorch's own gradients in the inputs' dtype (autograd through its math): rule 2's yardstick."""
+    from .reference import torch_attention
+
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    with torch.enable_grad():
+        o = torch_attention(*leaves, causal, scale)
+        return torch.autograd.grad(o, leaves, do)
+
+
+#: The classic mistakes of a backward pass: variant name -> (the gradients it breaks, the cause).
+VARIANTS = {
+    "no_D": ("dq, dk", "the D term is missing: dS = P o (dP - D) with D_i = rowsum(dO_i o O_i) (the "
+                       "preprocess kernel), not P o dP"),
+    "dq_scaled_twice": ("dq", "dQ is scaled twice: dQ = scale · dS K, and scale is applied once (if S was "
+                              "built with the scale folded into Q or into exp2, do not multiply again)"),
+    "dq_unscaled": ("dq", "dQ misses the softmax scale: dQ = scale · dS K"),
+    "dk_unscaled": ("dk", "dK misses the softmax scale: dK = scale · dSᵀ Q"),
+    "gqa_first_head": ("dk, dv", "GQA: dK and dV hold only the first query head of each group; they are "
+                                 "sums over the Hq // Hkv query heads that share the KV head"),
+    "gqa_last_head": ("dk, dv", "GQA: dK and dV hold only one query head of each group (the last write "
+                                "won); they are sums over the Hq // Hkv query heads that share the KV head"),
+    "no_mask_backward": ("dq, dk, dv", "the causal mask is missing in the backward: P rebuilt from S and lse "
+                                       "must be 0 above the (bottom-right) diagonal, as in the forward"),
+    "lse_next_row": ("dq, dk, dv", "P is rebuilt with another row's lse (off by one row): row i of P is "
+                                   "exp(S_i · scale - lse_i) with lse_i of that same row, batch and head"),
+}
+
+
+def _variants_for(q, k, causal) -> list[str]:
+    Hq, Hkv = q.shape[1], k.shape[1]
+    out = ["no_D", "dq_scaled_twice", "dq_unscaled", "dk_unscaled", "lse_next_row"]
+    if Hq != Hkv:
+        out += ["gqa_first_head", "gqa_last_head"]
+    if causal:
+        out.append("no_mask_backward")
+    return out
+
+
+# ----------------------------------------------------------------------------- the check
+def _diagnose(name, got, q, k, v, do, causal, scale, allowed) -> str:
+    g64 = got.detach().to(torch.float64)
+    if _max_abs(g64) == 0.0:
+        return f"{name} is all zeros: was it written back (and accumulated over every tile)?"
+    slot = "qkv".index(name[1])
+    for variant in _variants_for(q, k, causal):
+        alt = attention_grads(q, k, v, do, causal, scale, variant=variant)[slot].to(torch.float64)
+        if _max_abs(g64 - alt) <= max(allowed, 1e-2 * _max_abs(alt)):
+            return VARIANTS[variant][1]
+    if name == "dq":
+        return ("dQ is wrong where dK and dV may be right: dQ_i sums dS_ij K_j over every key tile j "
+                "(accumulate across the loop, or across programs with atomics), times scale once")
+    return (f"{name} is wrong: check P = exp(S · scale - lse) (the forward's natural-log lse, this row's), "
+            "the mask, and dS = P o (dP - D)")
+
+
+def check_gradients_of(o, dq, dk, dv, q, k, v, do, causal=False, scale=None, *, config: str = "custom",
+                       seed: int | None = None, kept=None) -> list[str]:
+    """Check a forward's output and its three gradients; returns the summary lines. Raises
+    :class:`AttentionCheckError` naming the gradient, the rows and the likely cause."""
+    tag = f"[{config}]" + ("" if seed is None else f" (seed {seed})")
+    if is_collecting():
+        return []
+    lines = [check_attention(o, q, k, v, causal, scale, config=config, seed=seed).summary()]
+    B, Hq, Sq, D = q.shape
+    refs = attention_grads(q, k, v, do, causal, scale)
+    yard = torch_grads(q, k, v, do, causal, scale)
+    empty = None
+    if causal and Sq > k.shape[2]:
+        empty = ~causal_mask(Sq, k.shape[2], q.device).any(-1)        # [Sq]: rows that see no key
+    for name, g, ref, mine, src in zip(("dq", "dk", "dv"), (dq, dk, dv), refs, yard, (q, k, v)):
+        if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(src.shape):
+            shape = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
+            raise AttentionCheckError(f"{tag} {name} has shape {shape}; it must have {name[1]}'s shape "
+                                      f"{tuple(src.shape)}")
+        if g.dtype != src.dtype:
+            raise AttentionCheckError(f"{tag} {name} has dtype {g.dtype}; it must have {name[1]}'s dtype "
+                                      f"{src.dtype} (accumulate in float32, store in the input dtype)")
+        g64 = g.detach().to(torch.float64)
+        ref64 = ref.to(torch.float64)
+        bad = ~torch.isfinite(g64)
+        if bad.any():
+            rows = bad.any(-1)
+            where = _fmt_rows(rows, g.shape[2]).replace("query rows", "rows")
+            cause = ("these rows see no key (causal, Sq > Skv): their P is 0, so their gradient is 0; "
+                     "guard exp(S - lse) where lse = -inf" if name == "dq" and empty is not None
+                     and bool(rows[..., ~empty].sum() == 0) else
+                     "an element was never written (new allocations are filled with NaN: does the grid cover "
+                     "every tile?) or exp() of a masked score minus lse = -inf gave NaN")
+            raise AttentionCheckError(f"{tag} NaN or inf in {name} at {where}.\n  likely cause: {cause}")
+        if name == "dq" and empty is not None and bool(g64[:, :, empty].abs().amax() > 0):
+            raise AttentionCheckError(f"{tag} dq must be exactly 0 for the first {int(empty.sum())} rows "
+                                      "(they see no key), but is not.\n  likely cause: P rebuilt for a row with "
+                                      "lse = -inf must be 0; skip those rows or mask exp(S - lse)")
+        torch_err = _max_abs(mine.to(torch.float64) - ref64)
+        ref_max = max(_max_abs(ref64), 1e-30)
+        allowed = 2.0 * torch_err + REL_SLACK * ref_max
+        err = _max_abs(g64 - ref64)
+        rel = err / ref_max
+        if err > allowed or rel >= REL_LIMIT:
+            rows = (g64 - ref64).abs().amax(-1) > allowed
+            which = "query rows" if name == "dq" else "key rows"
+            cause = _diagnose(name, g, q, k, v, do, causal, scale, allowed)
+            raise AttentionCheckError(
+                f"{tag} {name} is wrong: max|{name} - ref| = {err:.3g}, allowed {allowed:.3g} (twice PyTorch's "
+                f"own {str(g.dtype).replace('torch.', '')} error {torch_err:.2g}, plus {REL_SLACK:g} of "
+                f"max|ref| = {ref_max:.3g}); relative {rel:.3g} (must be < {REL_LIMIT:g}).\n"
+                f"  wrong at {_fmt_rows(rows, g.shape[2]).replace('query rows', which)}\n"
+                f"  likely cause: {cause}")
+        lines.append(f"[{config}] {name} passed: max err {err:.2e} (allowed {allowed:.2e}), relative {rel:.2e}")
+    if kept is not None:
+        lines.append(check_kept(kept, q, k, tag))
+    return lines
+
+
+def kept_limit(q) -> int:
+    B, Hq, Sq, _ = q.shape
+    return 4 * B * Hq * (KEPT_PER_ROW * Sq + KEPT_PAD)
+
+
+def check_kept(kept, q, k, tag: str = "") -> str:
+    """The forward keeps O(N) state: beyond q, k, v and o, at most ``KEPT_PER_ROW`` float32 numbers
+    per query row and head, plus ``KEPT_PAD`` per head (the score matrix would be Skv per row)."""
+    if not isinstance(kept, torch.Tensor) or kept.numel() != 2:
+        raise AttentionCheckError(f"{tag} the kept-state record is malformed")
+    saved, held = (float(x) for x in kept.tolist())
+    limit = kept_limit(q)
+    worst = max(saved, held)
+    if worst > limit:
+        what = "saved for the backward" if saved >= held else "still held on the GPU after the forward"
+        B, Hq, Sq, _ = q.shape
+        per_row = worst / (4 * B * Hq * Sq)
+        raise AttentionCheckError(
+            f"{tag} the forward kept {worst / 2**20:.1f} MiB {what} beyond q, k, v and o: {per_row:.0f} float32 "
+            f"numbers per query row and head; at most {KEPT_PER_ROW} are allowed, plus {KEPT_PAD} per head "
+            f"(lse needs 1).\n  likely cause: "
+            "the forward stores P or S (Sq x Skv per head); keep only lse and rebuild P in the backward")
+    return f"{tag} kept state: {worst / 2**10:.1f} KiB beyond q, k, v, o (limit {limit / 2**10:.1f} KiB)"
+
+
+def check_forward_backward(fb, config: str | AttnConfig = "small", *, seed: int | None = None, device=None,
+                           dtype=None, layout: str = "bshd", scale=None, verbose: bool = True,
+                           kept: bool = True) -> None:
+    """Draw q, k, v and a non-contiguous dO for ``config``, call ``fb`` (see :func:`forward_backward`)
+    and check o, dq, dk, dv (and the kept state) with the course's rule. Inputs must stay untouched."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = config if isinstance(config, AttnConfig) else get_config(config, device)
+    seed = secrets.randbits(31) if seed is None else seed
+    q, k, v = make_inputs(cfg, seed, device, dtype, layout)
+    do = draw_dout(cfg, seed, device, q.dtype)
+    copies = [t.clone() for t in (q, k, v, do)]
+    kwargs = {"causal": cfg.causal} if scale is None else {"causal": cfg.causal, "scale": scale}
+    with nan_filled_allocations(device), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fb(q, k, v, do, **kwargs)
+    for w in {str(w.message) for w in caught}:
+        print(f"note: the call raised a warning: {w}")
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    tag = f"[{cfg.name}]"
+    for name, t, c in zip(("q", "k", "v", "dO"), (q, k, v, do), copies):
+        if not torch.equal(t, c):
+            raise AttentionCheckError(f"{tag} {name} was modified by the call: forward and backward must "
+                                      "leave their inputs untouched")
+    if not isinstance(result, (tuple, list)) or len(result) != 5:
+        raise AttentionCheckError(f"{tag} forward_backward returned {type(result).__name__}")
+    o, dq, dk, dv, kept_rec = result
+    lines = check_gradients_of(o, dq, dk, dv, q, k, v, do, cfg.causal, scale, config=cfg.describe(), seed=seed,
+                               kept=kept_rec if kept else None)
+    if verbose:
+        for line in lines:
+            print(line)
+
+
+def check_gradients(fn, config: str | AttnConfig = "small", **kw) -> None:
+    """Check a training entry point ``fn(q, k, v, causal, scale) -> o``: its output, the gradients
+    of q, k and v for a random dO, and that its forward keeps O(N) state (see the module doc)."""
+    check_forward_backward(forward_backward(fn), config, **kw)
+
+
+def gradcheck_forward_backward(fb, *, seed: int | None = None, device=None, dtype=torch.float32,
+                               causal: bool = True, directions: int = 2) -> None:
+    """A gradcheck of ``fb`` (see :func:`forward_backward`) on a tiny GQA shape (Sq != Skv, ragged):
+    for random directions u and random dO, the backward's <dq, u_q> + <dk, u_k> + <dv, u_v> must equal
+    the forward's central difference <dO, (f(x + eps u) - f(x - eps u)) / 2 eps> (what
+    ``torch.autograd.gradcheck(fast_mode=True)`` compares). In float32 by default: Triton's interpreter
+    runs no float64 ``tl.dot``, and the kernels accumulate in float32 anyway; float64 works for
+    PyTorch functions (the lecture's). On a GPU, Triton multiplies float32 as TF32, so the check is
+    coarse there (10%; a backward without the D term was off by 28% and 57% in two CPU runs); the gradients'
+    own check against the float64 reference is the fine one."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    seed = secrets.randbits(31) if seed is None else seed
+    cfg = AttnConfig("gradcheck", 1, 2, 1, 19, 23, 64, causal)
+    eps, tol = (1e-6, 1e-6) if dtype == torch.float64 else (1e-2, 2e-3)
+    if dtype == torch.float32 and torch.device(device).type == "cuda":
+        tol = 0.1   # a GPU's tl.dot rounds float32 inputs to TF32 (10 bits): measured gaps of 3% (H100)
+    name = str(dtype).replace("torch.", "")
+    for i in range(directions):
+        s = (seed + 7919 * i) % 2**31
+        x = make_inputs(cfg, s, device, dtype)
+        u = make_inputs(cfg, s ^ 0xD1CE, device, dtype)
+        do = draw_dout(cfg, s, device, dtype)
+        _, dq, dk, dv, _ = fb(*x, do, causal=causal)
+        plus = fb(*(a + eps * b for a, b in zip(x, u)), do, causal=causal)[0]
+        minus = fb(*(a - eps * b for a, b in zip(x, u)), do, causal=causal)[0]
+        if is_collecting():
+            continue
+        analytic = sum(float((g.double() * b.double()).sum()) for g, b in zip((dq, dk, dv), u))
+        numeric = float((do.double() * (plus.double() - minus.double())).sum()) / (2 * eps)
+        scale_ = max(abs(analytic), abs(numeric), 1.0)
+        if not abs(analytic - numeric) <= tol * scale_:
+            raise AttentionCheckError(
+                f"[gradcheck] {name}, {cfg.describe()}: the backward is not the derivative of the forward: "
+                f"along a random direction the gradients give {analytic:.6g} and the forward's finite "
+                f"difference {numeric:.6g} (relative gap {abs(analytic - numeric) / scale_:.2g}, allowed {tol:g}).\n"
+                "  likely cause: a term of dS = P o (dP - D) or a scale differs between your forward and backward")
+    if not is_collecting():
+        print(f"[gradcheck] passed: {name}, {cfg.describe()}, {directions} random directions")
+
+
+def gradcheck(fn, **kw) -> None:
+    """:func:`gradcheck_forward_backward` of a training entry point ``fn``."""
+    gradcheck_forward_backward(forward_backward(fn), **kw)
