@@ -21,9 +21,12 @@ from .model import EXERCISES, GradingError
 from .plans import plan_of
 from .scan import student_cells
 
-ENTRY_POINTS = {"05_triton_flash_attention": "flash_attention_triton",
-                "06_cuda_flash_attention": "flash_attention_cuda",
-                "07_hopper_flash_attention": "flash_attention_hopper"}
+
+
+def _exercise(assignment: str) -> dict:
+    """The step's manifest's [exercise]: its entry point and (step 08) its mode."""
+    from facourse.steps import load_step
+    return load_step(assignment[:2])["exercise"]
 
 
 def _given_andstudent_cells(nb: dict) -> list[str]:
@@ -42,13 +45,17 @@ def retime(folder: Path, assignment: str) -> int:
     import torch
 
     from facourse import bench_attention, get_config
+    from facourse.bench import MODES, timed_call
 
     from .perf import thresholds
 
     if not torch.cuda.is_available():
         raise GradingError("retime needs a GPU")
-    if assignment not in ENTRY_POINTS:
-        raise GradingError(f"{assignment} has no perf tests; retime applies to {', '.join(ENTRY_POINTS)}")
+    configs = [t.perf["config"] for t in plan_of(assignment).values() if t.perf]
+    if not configs:
+        raise GradingError(f"{assignment} has no perf tests")
+    exercise = _exercise(assignment)
+    mode = exercise.get("mode", "forward")
     nbs = sorted(folder.glob("*.ipynb"))
     if not nbs:
         raise GradingError(f"no notebook in {folder}")
@@ -69,22 +76,24 @@ def retime(folder: Path, assignment: str) -> int:
         ns = runpy.run_path(str(work / "_retimed_submission.py"), run_name="_retimed_submission")
     finally:
         os.chdir(cwd)
-    fn = ns[ENTRY_POINTS[assignment]]
+    fn = ns[exercise["entry_point"]]
     backend = thresholds(assignment)["reference"]
-    configs = [t.perf["config"] for t in plan_of(assignment).values() if t.perf]
     for name in configs:
-        res = bench_attention(fn, name, backend=backend, dtype=torch.float16)
+        res = bench_attention(fn, name, backend=backend, dtype=torch.float16, mode=mode)
         cfg = get_config(name, "cuda")
         from facourse import make_inputs
         q, k, v = make_inputs(cfg, 0, "cuda", torch.float16, "bshd")
-        fn(q, k, v, causal=cfg.causal)
+        call = timed_call(fn, q, k, v, torch.randn_like(q), cfg.causal, mode)   # what the bench timed
+        call()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
-                fn(q, k, v, causal=cfg.causal)
+                call()
             torch.cuda.synchronize()
         gpu_us = sum(e.device_time_total for e in prof.key_averages()) / 5
-        print(f"{name}: bench {res.t_student_ms:.3f} ms ({res.tflops_student:.0f} TFLOP/s), reference "
-              f"{backend} {res.t_ref_ms:.3f} ms, ratio {res.ratio:.2f}x; the GPU's own kernel record: "
-              f"{gpu_us / 1000:.3f} ms of kernels per call ({cfg.flops() / (gpu_us * 1e-6) / 1e12:.0f} TFLOP/s)")
+        flops = cfg.flops() * MODES[mode]
+        print(f"{name}{'' if mode == 'forward' else f' ({mode})'}: bench {res.t_student_ms:.3f} ms "
+              f"({res.tflops_student:.0f} TFLOP/s), reference {backend} {res.t_ref_ms:.3f} ms, ratio {res.ratio:.2f}x; "
+              f"the GPU's own kernel record: {gpu_us / 1000:.3f} ms of kernels per call "
+              f"({flops / (gpu_us * 1e-6) / 1e12:.0f} TFLOP/s)")
     return 0

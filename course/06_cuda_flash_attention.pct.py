@@ -117,16 +117,16 @@ for name, f in (("row-major", lambda r, c: r * D + c), ("swizzled", swz)):
 #
 # | rung | idea | why | measured on `large` (H100, fp16) |
 # |---|---|---|---|
-# | v1_scalar | K_j, V_j in shared memory, one warp per row, shuffles | correct baseline on CUDA cores | 8 TFLOP/s, 0.02x FA2 |
+# | v1_scalar | K_j, V_j in shared memory, one warp per row, shuffles | correct baseline on CUDA cores | 8 TFLOP/s, 0.03x FA2 |
 # | v2_mma | `mma.sync` + `ldmatrix`, softmax in registers, P as A operand | tensor cores | 53 TFLOP/s, 0.17x FA2 |
-# | v3_cp_async | 2-stage `cp.async` ring, BLOCK_M = 128 (8 warps x 16 rows), Q in registers | hides HBM latency | 52 TFLOP/s, 0.17x FA2 |
-# | v4_swizzle | XOR swizzle, causal tile skipping = the exercise solution | no bank conflicts | 241 TFLOP/s, 0.79x FA2 |
-# | v5_warp_specialized | producer warp + mbarrier ring, softmax overlapped with the next $QK^\top$ (FA3 ideas) | section 6 | 275 TFLOP/s, 0.90x FA2 |
-# | v6_fa2_tiles_lazy | 4 warps x 32 rows, 2 CTAs per SM, conditional rescale (v5's kernel, another configuration) | section 7 | 326 TFLOP/s, 1.08x FA2 |
+# | v3_cp_async | 2-stage `cp.async` ring, BLOCK_M = 128 (8 warps x 16 rows), Q in registers | hides HBM latency | 53 TFLOP/s, 0.17x FA2 |
+# | v4_swizzle | XOR swizzle, causal tile skipping = the exercise solution | no bank conflicts | 248 TFLOP/s, 0.81x FA2 |
+# | v5_warp_specialized | producer warp + mbarrier ring, softmax overlapped with the next $QK^\top$ (FA3 ideas) | section 6 | 274 TFLOP/s, 0.90x FA2 |
+# | v6_fa2_tiles_lazy | 4 warps x 32 rows, 2 CTAs per SM, conditional rescale (v5's kernel, another configuration) | section 7 | 328 TFLOP/s, 1.08x FA2 |
 #
 # The measurement tells a story the "why" column alone does not: tensor cores (v2) bring 6.9x over
 # CUDA cores, but the pipeline (v3) gains nothing while every `ldmatrix` read is an 8-way bank
-# conflict; the swizzle (v4) is worth 4.6x. The bottleneck you do not remove hides the ones you did.
+# conflict; the swizzle (v4) is worth 4.7x. The bottleneck you do not remove hides the ones you did.
 # Each ratio is against SDPA's FlashAttention-2 timed in the same process; the cell below prints
 # every rung's figures from the committed results (one device run, 2026-11-22, shipped with the
 # course in `results/measured.json`).
@@ -302,10 +302,10 @@ for tau in (0.0, 8.0):
 # no-ops ($\alpha = 1$) are skipped. The rescale's own share of v6's speed is within the
 # measurement spread; the warp shape and the two CTAs per SM are what matter.
 #
-# v6 measured 326 TFLOP/s on `large`, 1.08x FA2 (fp16), and 1.07-1.13x FA2 at every point of the
+# v6 measured 328 TFLOP/s on `large`, 1.08x FA2 (fp16), and 1.07-1.13x FA2 at every point of the
 # 4k-16k sweep, causal and not, fp16 and bf16; 24/24 checks in fp16 and bf16; compute-sanitizer
-# memcheck, racecheck and synccheck clean. The exercise's solution stays at 0.79x FA2 on `large`,
-# 0.80x on `long` and 0.80-0.91x over 4k-16k (the `exercise` rung of section 5): its four
+# memcheck, racecheck and synccheck clean. The exercise's solution stays at 0.81x FA2 on `large`,
+# 0.82x on `long` and 0.82-0.93x over 4k-16k (the `exercise` rung of section 5): its four
 # functions fix 16-row warps with $Q_i$ in registers, and the two other harnesses measured with them
 # were no faster (`solution_h64`, `solution_ws` above).
 #

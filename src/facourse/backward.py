@@ -223,7 +223,8 @@ def _diagnose(name, got, q, k, v, do, causal, scale, allowed) -> str:
     slot = "qkv".index(name[1])
     for variant in _variants_for(q, k, causal):
         alt = attention_grads(q, k, v, do, causal, scale, variant=variant)[slot].to(torch.float64)
-        if _max_abs(g64 - alt) <= max(allowed, 1e-2 * _max_abs(alt)):
+        rows_close = (g64 - alt).abs().amax(-1) <= max(allowed, 1e-2 * _max_abs(alt))
+        if float(rows_close.double().mean()) >= 0.9:     # a row at a boundary may differ (an edge read)
             return VARIANTS[variant][1]
     if name == "dq":
         return ("dQ is wrong where dK and dV may be right: dQ_i sums dS_ij K_j over every key tile j "

@@ -165,7 +165,7 @@ def new_flush_buffer() -> torch.Tensor:
 MODES = {"forward": 1.0, "backward": 2.5, "train": 3.5}
 
 
-def _timed_call(fn, q, k, v, do, causal: bool, mode: str):
+def timed_call(fn, q, k, v, do, causal: bool, mode: str):
     """A no-argument call that does ``mode``'s work: the forward; the backward alone (the forward runs
     once here, its graph kept: each call is one ``torch.autograd.grad``); or both."""
     if mode == "forward":
@@ -197,7 +197,7 @@ def bench_attention(fn, config: str | AttnConfig = "large", *, backend: str = "F
     q, k, v = make_inputs(cfg, seed, "cuda", dtype, layout)
     do = torch.randn_like(q) if mode != "forward" else None
     ref, _ = sdpa_reference(backend)
-    calls = {"s": _timed_call(fn, q, k, v, do, cfg.causal, mode), "r": _timed_call(ref, q, k, v, do, cfg.causal, mode)}
+    calls = {"s": timed_call(fn, q, k, v, do, cfg.causal, mode), "r": timed_call(ref, q, k, v, do, cfg.causal, mode)}
     gpu, host = time_calls(calls, max(rounds, 20), new_flush_buffer(), warmup)
     ts, tr = statistics.median(gpu["s"]), statistics.median(gpu["r"])
     flops = cfg.flops() * MODES[mode]

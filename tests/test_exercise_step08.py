@@ -1,0 +1,79 @@
+"""Step 08, the backward pass: the exercise as it is graded (CPU tier).
+
+The exercise's solution, put into the released notebook, scores every point a CPU can give
+(correctness through the judge; bf16 and speed need a GPU and score 0 here, saying why); the
+untouched stub scores 0. Each classic mistake, planted in the solution's kernels, loses the points
+of a test whose message names it (the hidden tests run the same checks through the judge,
+``judge.run_inprocess``). The GPU tier (every test, perf included) is ``python -m
+autograder.gpu_selftest 08`` on a GPU machine.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import fill, grade_submissions, release_notebook, solution_code
+
+STEP = "08_backward"
+GPU_ONLY = {"test_bf16", "perf_large", "perf_long"}
+SOLUTION = solution_code(STEP)
+
+
+@pytest.mark.slow
+def test_exercise_grading(tmp_path):
+    """The solution scores every CPU point (16 minus bf16 and speed); the stub scores 0."""
+    release = release_notebook(STEP)
+    res = grade_submissions(tmp_path, STEP, {"solved": fill(release, SOLUTION), "stub": release})
+    sol, stub = res["solved"], res["stub"]
+    assert sol.status == "graded" and stub.status == "graded", (sol.status, stub.status)
+    assert sol.auto_max_score == 16
+    assert set(sol.failed) == GPU_ONLY, (sol.failed, sol.messages)
+    assert all("No GPU here" in sol.messages[c] for c in GPU_ONLY), sol.messages
+    assert sol.score == 16 - 5
+    assert stub.score == 0, (stub.score, stub.failed)
+
+
+# (the cell, the solution's text, the mistake, the test that loses its point, what its message names)
+PLANTED = {
+    "no_D": ("dkdv", "ds = p * (dp - delta[:, None])", "ds = p * dp", "test_small", "the D term is missing"),
+    "gqa_not_summed": ("dkdv", "for g in range(GROUP):", "for g in range(1):", "test_small",
+                       "GQA: dK and dV hold only"),
+    "dq_scaled_twice": ("dq", "(dq * scale).to(", "(dq * scale * scale).to(", "test_small", "dQ is scaled twice"),
+    "no_causal_mask_backward": ("dkdv", "    if CAUSAL:\n        keep = keep &", "    if False:\n        keep = keep &",
+                                "test_small", "the causal mask is missing in the backward"),
+    "lse_wrong_row": ("dq", "lse = tl.load(LSE + row_base + offs_m,", "lse = tl.load(LSE + row_base + offs_m + 1,",
+                      "test_edge_d64_mqa", "another row's lse"),
+    "saves_p": ("autograd", "        ctx.save_for_backward(q, k, v, o, lse)",
+                "        ctx.save_for_backward(q, k, v, o, lse)\n        ctx.p = q.new_zeros(q.shape[0], q.shape[1], "
+                "q.shape[2], k.shape[2])", "test_medium", "kept"),
+}
+
+
+def _module(code: dict[str, str]):
+    """The exercise's code cells (given and solution) as one namespace."""
+    import json
+
+    from conftest import ROOT
+    nb = json.loads((ROOT / "solutions" / STEP / f"{STEP}.ipynb").read_text())
+    src = []
+    for cell in nb["cells"]:
+        gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+        if gid in ("setup", "forward"):
+            src.append("".join(cell["source"]))
+        elif gid in code:
+            src.append(code[gid])
+    scope: dict = {}
+    exec(compile("\n\n".join(src), f"<{STEP} planted>", "exec"), scope)  # noqa: S102
+    return scope
+
+
+@pytest.mark.parametrize("bug", PLANTED)
+def test_planted_bug_loses_the_points_that_name_it(bug):
+    from autograder.judge import run_inprocess
+
+    cell, old, new, test, says = PLANTED[bug]
+    assert old in SOLUTION[cell], f"the solution no longer holds {old!r}: update the planted bug"
+    code = dict(SOLUTION, **{cell: SOLUTION[cell].replace(old, new)})
+    fn = _module(code)["flash_attention_train"]
+    v = run_inprocess(STEP, fn, [test])[test]
+    assert v.points == 0, f"{bug}: {test} still scored {v.points}"
+    assert says in v.message, f"{bug}: {test}'s message does not name it:\n{v.message}"
