@@ -139,6 +139,11 @@ def test_planted_bugs_are_caught_and_named(bug):
     with pytest.raises(AttentionCheckError) as err:
         check_gradients(train_fn(True), cfg, device="cpu", dtype=torch.float32, seed=5, verbose=False)
     assert says in str(err.value), str(err.value)
+    if bug == "no_D":       # the finite-difference check sees it too; it passes the unplanted v1
+        from facourse.backward import gradcheck
+        gradcheck(train_fn(False), device="cpu", seed=5)
+        with pytest.raises(AttentionCheckError, match="not the derivative of the forward"):
+            gradcheck(train_fn(True), device="cpu", seed=5)
 
 
 @pytest.mark.gpu
