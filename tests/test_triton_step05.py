@@ -110,14 +110,18 @@ def test_compiles_for_sm90_without_gpu():
         import triton
         from triton.backends.compiler import GPUTarget
 
-        def compile_fn(fn, dtype="*fp16"):
+        def compile_fn(fn, dtype="*fp16", switches={{}}):
             names = fn.arg_names
-            const = dict(GROUP=4, D=128, CAUSAL=True, BLOCK_M=128, BLOCK_N=64)
-            # host-side tensor descriptors (v6): [1, 1, BLOCK, D] tiles of a 4-D [B, H, S, D] tensor
+            # the rung's constexpr switches (SWITCHES: EXP2, CAUSAL_SPLIT, DESC of ladder/step05_kernel.py)
+            const = dict(GROUP=4, D=128, CAUSAL=True, BLOCK_M=128, BLOCK_N=64, **switches)
+            # host-side tensor descriptors (v6, DESC=2): [1, 1, BLOCK, D] tiles of a 4-D [B, H, S, D]
+            # tensor, passed as Q, K, V, O
             desc = lambda rows: "tensordesc<%s[1, 1, %d, 128]>" % (dtype[1:], rows)
-            sig = {{n: ("constexpr" if n in const else dtype if n in "Q K V O".split() else
-                       desc(const["BLOCK_M"]) if n in ("q_desc", "o_desc") else
-                       desc(const["BLOCK_N"]) if n in ("k_desc", "v_desc") else
+            host_desc = const.get("DESC") == 2
+            sig = {{n: ("constexpr" if n in const else
+                       desc(const["BLOCK_M"]) if host_desc and n in ("Q", "O") else
+                       desc(const["BLOCK_N"]) if host_desc and n in ("K", "V") else
+                       dtype if n in "Q K V O".split() else
                        "*fp32" if n == "LSE" else "fp32" if n == "qk_scale" else "i32") for n in names}}
             # what the launcher specialises: pointers and strides divisible by 16
             attrs = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
@@ -142,7 +146,9 @@ def test_compiles_for_sm90_without_gpu():
         open(path, "w").write(head + src)
         spec = importlib.util.spec_from_file_location("ex05", path)
         ex = importlib.util.module_from_spec(spec); spec.loader.exec_module(ex)
-        print(json.dumps(dict(solution=compile_fn(sol.attn_fwd), solution_bf16=compile_fn(sol.attn_fwd, "*bf16"),
+        sw = dict(sol.SWITCHES)
+        print(json.dumps(dict(solution=compile_fn(sol.attn_fwd, switches=sw),
+                              solution_bf16=compile_fn(sol.attn_fwd, "*bf16", switches=sw),
                               exercise=compile_fn(ex.attn_fwd))))
         """, interpret=False)
     assert r.returncode == 0, r.stderr[-3000:]

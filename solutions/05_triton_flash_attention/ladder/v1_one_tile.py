@@ -1,8 +1,8 @@
 """v1: one program per query tile Q_i holds the whole key range as ONE tile: S, P, O in registers.
 Only for Skv <= 256 (the tile must fit); the plain softmax, no online update yet. BLOCK_M = 64.
 
-v1 verdict: correct, but one tile only (Skv <= 256): 50 TFLOP/s on 8x32/8 heads, 128^2, causal, fp16 (0.94x SDPA FA2 there), H100.
-Measured: benchmarks/results/2026-11-22_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
+v1 verdict: correct, but one tile only (Skv <= 256): 50 TFLOP/s on 8x32/8 heads, 128^2, causal, fp16 (0.95x SDPA FA2 there), H100.
+Measured: benchmarks/results/2026-11-23_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton with raw pointers and masks. One
 program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j

@@ -1,7 +1,7 @@
 """v5: tensor descriptors (TMA on Hopper) instead of pointer arithmetic, built inside the kernel.
 
-v5 verdict: no faster than v4 on large, 386 TFLOP/s (1.26x FA2; v4 1.27x), faster on long, 546 (1.54x; v4 1.40x), H100; v6 builds the descriptors on the host.
-Measured: benchmarks/results/2026-11-22_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
+v5 verdict: no faster than v4 on large, 386 TFLOP/s (1.25x FA2; v4 1.35x in the same run), faster on long, 527 (1.47x; v4 1.33x), 1.37-1.59x FA2 at causal 4k-16k, H100; v6 builds the descriptors on the host.
+Measured: benchmarks/results/2026-11-23_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton; v5 reads tiles through tensor descriptors (TMA). One
 program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j
@@ -9,131 +9,27 @@ tile it can see. Causal attention runs in two stages: the off-band tiles, fully 
 mask at all; then the few on-band tiles that cross the diagonal (and the ragged last tile), with
 the mask. Tiles above the diagonal are never visited. Query tiles are launched longest first.
 
+The kernel is step05_kernel.attn_fwd (shared by v2-v6); this rung's switches: EXP2=True,
+CAUSAL_SPLIT=True, DESC=DEVICE_DESC (2-D descriptors per (batch, head), built by every program);
+its tiles from triton.autotune, pruned to 128-row tiles from Sq = 4096.
+
 Run on its own:  python v5_tma.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
-import math
 import os
 import sys
 
-import torch
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import step05_kernel as fa  # noqa: E402  (sets up the interpreter without a GPU, before triton)
 
-from facourse.triton_setup import interpret_without_gpu
+import torch  # noqa: E402
+import triton  # noqa: E402
 
-INTERPRET = interpret_without_gpu()  # before any kernel is defined
-
-import triton
-import triton.language as tl
-
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+# ----------------------------------------------------------------------------- switches and launch
+SWITCHES = dict(EXP2=True, CAUSAL_SPLIT=True, DESC=fa.DEVICE_DESC.value)
+attn_fwd = fa.attn_fwd
+reference = fa.reference
 
 
-# ----------------------------------------------------------------------------- reference
-def reference(q, k, v, causal=False, scale=None):
-    """(o, lse) in float32 with bottom-right causal masking and GQA (facourse has the checked one)."""
-    from facourse import reference_attention
-    return reference_attention(q, k, v, causal, scale)
-
-
-# ----------------------------------------------------------------------------- device helpers
-@triton.jit
-def online_softmax_update(m_i, l_i, s, qk_scale):
-    """One step of the online softmax in base 2. s = Q_i K_j^T (unscaled), m_i in log2 units.
-
-    Returns the new running max m, the new running sum l, the factor alpha that rescales the
-    accumulator, and P_ij = exp2(s * qk_scale - m).
-    """
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row that has seen no key yet
-    alpha = tl.math.exp2(m_i - m_use)                         # alpha = exp(m_old - m_new)
-    p = tl.math.exp2(s * qk_scale - m_use[:, None])           # P_ij = exp(S_ij - m_new)
-    l_new = l_i * alpha + tl.sum(p, 1)                        # l = alpha * l + rowsum(P_ij)
-    return m_new, l_new, alpha, p
-
-
-@triton.jit
-def attn_tiles(acc, m_i, l_i, q, k_desc, v_desc, offs_m, lo, hi, Skv, qk_scale, off,
-               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    """Visit key tiles [lo, hi) of one query tile. MASKED tiles check bounds and the diagonal."""
-    offs_n = tl.arange(0, BLOCK_N)
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        k = k_desc.load([start_n, 0])                     # K_j [BLOCK_N, D]; rows past Skv read 0
-        v = v_desc.load([start_n, 0])                     # V_j [BLOCK_N, D]
-        s = tl.dot(q, k.T)                                # S_ij = Q_i K_j^T
-        if MASKED:
-            cols = start_n + offs_n
-            keep = cols[None, :] < Skv
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None] + off)    # j <= i + (Skv - Sq)
-            s = tl.where(keep, s, float("-inf"))
-        m_i, l_i, alpha, p = online_softmax_update(m_i, l_i, s, qk_scale)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)               # O_i += P_ij V_j
-    return acc, m_i, l_i
-
-
-# ----------------------------------------------------------------------------- kernel
-@triton.jit
-def attn_fwd(Q, K, V, O, LSE,
-             sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
-             Hq, Sq, Skv, qk_scale,
-             GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # program ids: axis 0 = query tile (longest first when causal), axis 1 = (batch, head)
-    num_m = tl.cdiv(Sq, BLOCK_M)
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    h_kv = h // GROUP                                         # GQA: head h reads KV head h // group
-
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-    k_base = K + b.to(tl.int64) * skb + h_kv.to(tl.int64) * skh
-    v_base = V + b.to(tl.int64) * svb + h_kv.to(tl.int64) * svh
-    # one 2-D descriptor per (batch, head): [S, D] with the row stride read from the tensor.
-    # The TMA unit fetches whole tiles, fills rows past the end with zeros and clips stores.
-    q_desc = tl.make_tensor_descriptor(q_base, [Sq, D], [sqs, 1], [BLOCK_M, D])
-    k_desc = tl.make_tensor_descriptor(k_base, [Skv, D], [sks, 1], [BLOCK_N, D])
-    v_desc = tl.make_tensor_descriptor(v_base, [Skv, D], [svs, 1], [BLOCK_N, D])
-    q = q_desc.load([start_m, 0])
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-
-    off = Skv - Sq                                            # bottom-right alignment
-    full_n = (Skv // BLOCK_N) * BLOCK_N                       # tiles with no ragged columns
-    if CAUSAL:
-        # keys every row of the tile sees: j <= start_m + off; the tile's last row sees up to hi
-        end_free = tl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N
-        end_free = tl.minimum(end_free, full_n)
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), Skv)
-    else:
-        end_free = full_n
-        hi = Skv
-    # stage 1: off-band tiles, no mask
-    acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_desc, v_desc, offs_m, 0, end_free,
-                               Skv, qk_scale, off, BLOCK_N, False, CAUSAL)
-    # stage 2: on-band (diagonal) and ragged tiles, masked
-    acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_desc, v_desc, offs_m, end_free, hi,
-                               Skv, qk_scale, off, BLOCK_N, True, CAUSAL)
-
-    # epilogue: O_i = acc / l_i; lse_i = (m_i + log2 l_i) * ln 2; empty rows give 0 and -inf
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / l_safe[:, None]
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    o_base = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh
-    o_desc = tl.make_tensor_descriptor(o_base, [Sq, D], [sos, 1], [BLOCK_M, D])
-    o_desc.store([start_m, 0], o.to(O.dtype.element_ty))          # rows past Sq are clipped
-    tl.store(LSE + bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
-
-
-# ----------------------------------------------------------------------------- host wrapper
 def _configs():
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
@@ -151,14 +47,8 @@ def _prune(configs, named_args, **kwargs):
 
 
 attn_fwd_tuned = triton.autotune(_configs(), key=["Sq", "Skv", "D", "CAUSAL"],
-                                 prune_configs_by={"early_config_prune": _prune})(attn_fwd)
+                                 prune_configs_by={"early_config_prune": _prune})(fa.attn_fwd)
 INTERPRET_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128}   # the interpreter cannot autotune
-
-
-def _tma_ready(t):
-    """TMA needs a 16-byte aligned base and 16-byte multiples for every stride but the last."""
-    es = t.element_size()
-    return t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
 
 
 def _scratch(size, alignment, stream):
@@ -168,20 +58,12 @@ def _scratch(size, alignment, stream):
 
 def flash_attention_triton(q, k, v, causal=False, scale=None):
     """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
-    B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    assert k.shape == v.shape and Hq % Hkv == 0 and D in (16, 32, 64, 128, 256)
-    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    q, k, v = (t if _tma_ready(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    q, k, v, o, lse, scale = fa.prepare(q, k, v, scale, tma=True)
+    B, Hq, Sq, _ = q.shape
     if Sq == 0:
         return o, lse
-    args = (q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-            Hq, Sq, Skv, scale * LOG2E)
-    meta = dict(GROUP=Hq // Hkv, D=D, CAUSAL=bool(causal))
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    args, meta = fa.kernel_args(q, k, v, o, lse, scale, causal, SWITCHES)
+    if fa.interpreting():
         grid = (triton.cdiv(Sq, INTERPRET_CONFIG["BLOCK_M"]), B * Hq)
         attn_fwd[grid](*args, **meta, **INTERPRET_CONFIG)
     else:
@@ -191,20 +73,5 @@ def flash_attention_triton(q, k, v, causal=False, scale=None):
     return o, lse
 
 
-# ----------------------------------------------------------------------------- test
-def test():
-    from facourse import check_all
-    check_all(flash_attention_triton, expect_lse=True)   # the five configurations, every edge case
-
-
-# ----------------------------------------------------------------------------- benchmark
-def bench():
-    from facourse import bench_attention
-    for name in ["large", "long"]:
-        print(bench_attention(flash_attention_triton, name).summary())
-
-
 if __name__ == "__main__":
-    test()
-    if torch.cuda.is_available() and "--no-bench" not in sys.argv:
-        bench()
+    fa.run_standalone(flash_attention_triton, sys.argv)

@@ -1,7 +1,7 @@
 """v6: host-side tensor descriptors (TMA) and a tile table measured per shape class; the solution.
 
-v6 verdict: 446 TFLOP/s on large (1.47x FA2, 0.85x cuDNN), 599 on long (1.64x); 4k-16k 1.51-1.72x FA2, fp16 and bf16, causal and not (H100).
-Measured: benchmarks/results/2026-11-22_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25). Tile table: 2026-11-22_h100_step05_tiles.json (tile_sweep.py).
+v6 verdict: 447 TFLOP/s on large (1.47x FA2, 0.84x cuDNN), 600 on long (1.66x); 4k-16k 1.50-1.74x FA2, fp16 and bf16, causal and not (H100).
+Measured: benchmarks/results/2026-11-23_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25). Tile table: 2026-11-22_h100_step05_tiles.json (tile_sweep.py).
 
 FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton. One program computes one query tile
 Q_i (BLOCK_M rows) of one query head against every K_j, V_j tile it can see. Causal attention runs
@@ -25,120 +25,28 @@ one program per SM); from 4k causal the same tiles with 3 stages (1.51-1.72x, ag
 with two programs per SM); non-causal, 128 x 128 with 3 stages (1.62-1.75x, against 1.31-1.39x
 with 2).
 
+The kernel is step05_kernel.attn_fwd (shared by v2-v6); this rung's switches: EXP2=True,
+CAUSAL_SPLIT=True, DESC=HOST_DESC (Q, K, V, O passed as the host's 4-D descriptors); its tiles
+from TILES below.
+
 Run on its own:  python v6_host_tma.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
-import math
 import os
 import sys
 
-import torch
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import step05_kernel as fa  # noqa: E402  (sets up the interpreter without a GPU, before triton)
 
-from facourse.triton_setup import interpret_without_gpu
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-INTERPRET = interpret_without_gpu()  # before any kernel is defined
+# ----------------------------------------------------------------------------- switches and launch
+SWITCHES = dict(EXP2=True, CAUSAL_SPLIT=True, DESC=fa.HOST_DESC.value)
+INTERPRET = fa.INTERPRET
+attn_fwd = fa.attn_fwd
+reference = fa.reference
 
-import triton
-import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
-
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-
-
-# ----------------------------------------------------------------------------- reference
-def reference(q, k, v, causal=False, scale=None):
-    """(o, lse) in float32 with bottom-right causal masking and GQA (facourse has the checked one)."""
-    from facourse import reference_attention
-    return reference_attention(q, k, v, causal, scale)
-
-
-# ----------------------------------------------------------------------------- device helpers
-@triton.jit
-def online_softmax_update(m_i, l_i, s, qk_scale):
-    """One step of the online softmax in base 2. s = Q_i K_j^T (unscaled), m_i in log2 units.
-
-    Returns the new running max m, the new running sum l, the factor alpha that rescales the
-    accumulator, and P_ij = exp2(s * qk_scale - m).
-    """
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row that has seen no key yet
-    alpha = tl.math.exp2(m_i - m_use)                         # alpha = exp(m_old - m_new)
-    p = tl.math.exp2(s * qk_scale - m_use[:, None])           # P_ij = exp(S_ij - m_new)
-    l_new = l_i * alpha + tl.sum(p, 1)                        # l = alpha * l + rowsum(P_ij)
-    return m_new, l_new, alpha, p
-
-
-@triton.jit
-def attn_tiles(acc, m_i, l_i, q, k_desc, v_desc, b, h_kv, offs_m, lo, hi, Skv, qk_scale, off,
-               BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    """Visit key tiles [lo, hi) of one query tile. MASKED tiles check bounds and the diagonal."""
-    offs_n = tl.arange(0, BLOCK_N)
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        k = k_desc.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)   # K_j; rows past Skv read 0
-        v = v_desc.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)   # V_j
-        s = tl.dot(q, k.T)                                            # S_ij = Q_i K_j^T
-        if MASKED:
-            cols = start_n + offs_n
-            keep = cols[None, :] < Skv
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None] + off)    # j <= i + (Skv - Sq)
-            s = tl.where(keep, s, float("-inf"))
-        m_i, l_i, alpha, p = online_softmax_update(m_i, l_i, s, qk_scale)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)                           # O_i += P_ij V_j
-    return acc, m_i, l_i
-
-
-# ----------------------------------------------------------------------------- kernel
-@triton.jit
-def attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE, Hq, Sq, Skv, qk_scale,
-             GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # program ids: axis 0 = query tile (longest first when causal), axis 1 = (batch, head)
-    num_m = tl.cdiv(Sq, BLOCK_M)
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = num_m - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    h_kv = h // GROUP                                         # GQA: head h reads KV head h // group
-
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = q_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, D)   # Q_i; rows past Sq read 0
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-
-    off = Skv - Sq                                            # bottom-right alignment
-    full_n = (Skv // BLOCK_N) * BLOCK_N                       # tiles with no ragged columns
-    if CAUSAL:
-        # keys every row of the tile sees: j <= start_m + off; the tile's last row sees up to hi
-        end_free = tl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N
-        end_free = tl.minimum(end_free, full_n)
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), Skv)
-    else:
-        end_free = full_n
-        hi = Skv
-    # stage 1: off-band tiles, no mask
-    acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_desc, v_desc, b, h_kv, offs_m, 0, end_free,
-                               Skv, qk_scale, off, BLOCK_N, D, False, CAUSAL)
-    # stage 2: on-band (diagonal) and ragged tiles, masked
-    acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_desc, v_desc, b, h_kv, offs_m, end_free, hi,
-                               Skv, qk_scale, off, BLOCK_N, D, True, CAUSAL)
-
-    # epilogue: O_i = acc / l_i; lse_i = (m_i + log2 l_i) * ln 2; empty rows give 0 and -inf
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / l_safe[:, None]
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    o_desc.store([b, h, start_m, 0], o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, D))  # rows past Sq clipped
-    tl.store(LSE + bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
-
-
-# ----------------------------------------------------------------------------- host wrapper
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg) by shape class, measured on an H100 by
 # tile_sweep.py (results/2026-11-22_h100_step05_tiles.json: ten candidates, `large` and the 4k-16k
 # points, fp16 and bf16). Programs per SM, from the compiler's report (shared memory, registers):
@@ -169,22 +77,11 @@ def pick_tiles(Sq, Skv, D, causal):
     return TILES["causal_short" if Sq < 4096 else "causal_long"]
 
 
-def _tma_ready(t):
-    """TMA needs a 16-byte aligned base and 16-byte multiples for every stride but the last."""
-    es = t.element_size()
-    return t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
-
-
 def flash_attention_triton(q, k, v, causal=False, scale=None):
     """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
+    q, k, v, o, lse, scale = fa.prepare(q, k, v, scale, tma=True)
     B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    assert k.shape == v.shape and Hq % Hkv == 0 and D in (16, 32, 64, 128, 256)
-    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    q, k, v = (t if _tma_ready(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    Skv = k.shape[2]
     if Sq == 0:
         return o, lse
     if Skv == 0:                                  # no key at all: every row is empty
@@ -192,34 +89,16 @@ def flash_attention_triton(q, k, v, causal=False, scale=None):
     BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg = pick_tiles(Sq, Skv, D, causal)
     # one 4-D descriptor per tensor: [B, H, S, D] with the tensor's own strides; a tile is
     # [1, 1, BLOCK, D]. The kernel reshapes it to [BLOCK, D] (free: it stays in shared memory).
-    q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, BLOCK_M, D])
-    k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, BLOCK_N, D])
-    v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, BLOCK_N, D])
-    o_desc = TensorDescriptor(o, list(o.shape), list(o.stride()), [1, 1, BLOCK_M, D])
+    descs = tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D])
+                  for t, rows in ((q, BLOCK_M), (k, BLOCK_N), (v, BLOCK_N), (o, BLOCK_M)))
+    args, meta = fa.kernel_args(q, k, v, o, lse, scale, causal, SWITCHES, refs=descs)
     launch = dict(num_warps=num_warps, num_stages=num_stages)
     if maxnreg is not None:
         launch["maxnreg"] = maxnreg
     grid = (triton.cdiv(Sq, BLOCK_M), B * Hq)
-    attn_fwd[grid](q_desc, k_desc, v_desc, o_desc, lse, Hq, Sq, Skv, scale * LOG2E,
-                   GROUP=Hq // Hkv, D=D, CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                   **launch)
+    attn_fwd[grid](*args, **meta, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **launch)
     return o, lse
 
 
-# ----------------------------------------------------------------------------- test
-def test():
-    from facourse import check_all
-    check_all(flash_attention_triton, expect_lse=True)   # the five configurations, every edge case
-
-
-# ----------------------------------------------------------------------------- benchmark
-def bench():
-    from facourse import bench_attention
-    for name in ["large", "long"]:
-        print(bench_attention(flash_attention_triton, name).summary())
-
-
 if __name__ == "__main__":
-    test()
-    if torch.cuda.is_available() and "--no-bench" not in sys.argv:
-        bench()
+    fa.run_standalone(flash_attention_triton, sys.argv)
