@@ -120,7 +120,7 @@ def test_exercise_05_entry_refuses_bf16_and_d96_in_the_interpreter():
         o, lse = flash_attention_triton(*qkv(64, torch.float32))
         print("OK", tuple(o.shape))
         """)
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="2",
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

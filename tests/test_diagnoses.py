@@ -142,7 +142,7 @@ def _run05(src: str, cfg: str) -> str:
         except AttentionCheckError as e:
             print("FAILED", str(e).split("likely cause:")[-1].replace("\\n", " "))
         """)
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="2",
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -167,7 +167,7 @@ def test_lecture_05_kernels_fail_exercise_05():
                 except (AssertionError, ValueError) as e:
                     print("FAILED", stage, cfg, type(e).__name__)
         """)
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="2",
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     import tempfile
     with tempfile.TemporaryDirectory() as d:

@@ -49,7 +49,7 @@ PRELUDE = f"""
 
 
 def _python(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="2",
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(PRELUDE) + textwrap.dedent(code)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)

@@ -31,7 +31,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA 
 
 
 def _python(code: str, interpret: bool, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0", OMP_NUM_THREADS="2",
+    env = dict(os.environ, TRITON_INTERPRET="1" if interpret else "0", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)

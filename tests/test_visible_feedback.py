@@ -67,7 +67,7 @@ def run_visible(tmp_path, assignment: str, bugs: dict[str, list] | None = None) 
     cp.write_text(json.dumps(code))
     runner = tmp_path / "run_visible.py"
     runner.write_text(RUNNER)
-    env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     env.pop("FACOURSE_JUDGE", None)
     env.pop("TRITON_INTERPRET", None)            # the notebook's set-up decides, as in JupyterLab
     r = subprocess.run([sys.executable, str(runner), str(path), str(cp)], cwd=ROOT / "solutions" / assignment,
