@@ -28,7 +28,8 @@ from pathlib import Path
 
 #: Names the test cells call or rely on; a student cell that rebinds one is tampering.
 PROTECTED = {"judge", "check_entry_point", "check_all", "check_attention", "check_softmax_fn",
-             "check_merge_fn", "check_no_caching", "forbid_framework_attention",
+             "check_merge_fn", "check_no_caching", "forbid_framework_attention", "check_gradients",
+             "gradcheck", "forward_backward", "check_visible",
              "require_gpu", "require_sm90a", "on_hopper", "check_sass", "nvcc_compile_check",
              "KERNEL_DIR", "STUDENT_SOURCE", "facourse", "autograder", "torch", "print"}
 MODULES = {"torch", "facourse", "autograder", "builtins", "sys", "os", "importlib", "IPython", "F",
@@ -104,6 +105,8 @@ class _Visitor(ast.NodeVisitor):
                 self.hit("tamper", node, f"rebinds {name}, which the test cells use")
             if root in ("torch", "facourse", "os", "sys") and a.name in ("exit", "_exit", "modules"):
                 self.hit("tamper", node, f"imports {mod}.{a.name}")
+            if root in ("torch", "facourse", "triton"):   # a submodule or a class: its attributes are theirs
+                self.modules.add(name)
 
     # bindings ------------------------------------------------------------------------
     def _target(self, t, node):

@@ -179,6 +179,8 @@ def test_malformed_bytes_are_a_violation_not_a_crash():
 TAMPER = {
     "check_entry_point = lambda *a, **k: None": "rebinds check_entry_point",
     "def judge(*a):\n    pass": "redefines judge",
+    "check_gradients = lambda *a, **k: None": "rebinds check_gradients",
+    "from facourse import backward\nbackward.forward_backward = lambda fn: fn": "monkeypatching",
     "import builtins\nbuiltins.__import__ = None": "imports builtins",
     "import autograder.judge_client as j": "imports autograder",
     "import facourse\nfacourse.check_entry_point = print": "monkeypatching",
