@@ -41,31 +41,7 @@ def interpret_without_gpu() -> bool:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return False
     _index_scalars_by_element()
-    _dot_through_blas()
     return True
-
-
-def _dot_through_blas() -> None:
-    """Triton 3.6's interpreter computes ``tl.dot`` as ``np.matmul(a, b, dtype=acc)``: with ``dtype``
-    NumPy leaves BLAS for its generic loop, about 50x slower for a 128x128x128 tile. Cast the
-    operands to the accumulator's type and multiply through BLAS (the same products; the sums may
-    be added in another order). Step 08's backward runs 3x faster in the interpreter with it."""
-    import numpy as np
-    import triton.runtime.interpreter as interp
-
-    orig = interp.InterpreterBuilder.create_dot
-    if getattr(orig, "fixed", False):
-        return
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:   # fp8: Triton's own path
-            return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
-        acc = d.data.dtype
-        out = np.matmul(a.data.astype(acc, copy=False), b.data.astype(acc, copy=False))
-        return interp.TensorHandle(out + d.data, d.dtype.scalar)
-
-    create_dot.fixed = True
-    interp.InterpreterBuilder.create_dot = create_dot
 
 
 def _index_scalars_by_element() -> None:
