@@ -1,0 +1,589 @@
+"""Step 09: decode against a paged KV cache — its cases, inputs, reference, check and bench.
+
+The entry point is ``paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None) -> (o, lse)``:
+
+* ``q [B, Hq, Sq, D]``: the last ``Sq`` tokens of each sequence (1 for plain decode, a few for
+  speculative decoding), any strides with ``stride(-1) == 1``;
+* ``k_cache``, ``v_cache [num_pages, page_size, Hkv, D]``: the pages of every sequence, shared;
+* ``block_table [B, max_pages]`` (int32): sequence ``b``'s token ``t`` lives in page
+  ``block_table[b, t // page_size]``, row ``t % page_size``; entries past a sequence's last page
+  are padding and must not be read;
+* ``seq_lens [B]`` (int32 or int64): the tokens of each sequence, ``Sq`` new ones included; 0 is
+  an empty sequence (its rows give ``o = 0``, ``lse = -inf``);
+* causal is bottom-right per sequence: query ``i`` of sequence ``b`` sees keys
+  ``j <= i + seq_lens[b] - Sq`` (docs/DESIGN.md, "Tensor contract").
+
+The check applies the course's correctness rule (``facourse.check``) to each sequence. The inputs
+are built to expose the classic faults: pages are shuffled and some are shared between sequences
+(a prefix), the rows of a last page past ``seq_len``, the pages no sequence owns and the padding
+entries of the block table all hold NaN, so a load that is not masked shows as NaN.
+
+The bench times a paged decode against SDPA on the same K/V stored contiguously, and reports the
+rate at which K and V are read (GB/s): decode is bound by memory, not by FLOPs.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import statistics
+import warnings
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .check import (ABS_SLACK, REL_LIMIT, AttentionCheckError, _check_lse, is_collecting,
+                    nan_filled_allocations)
+from .configs import default_dtype, resolve_device
+from .hw import gpu_name, require_gpu
+from .reference import AttentionInputError, default_scale, kv_head_index
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ----------------------------------------------------------------------------- cases
+@dataclass(frozen=True)
+class DecodeCase:
+    name: str
+    seq_lens: tuple
+    Hq: int
+    Hkv: int
+    D: int
+    Sq: int
+    page_size: int
+    shared_prefix: int = 0       # tokens at the start of sequences 1, 2, ... stored in sequence 0's pages
+    graded_perf: bool = False
+
+    @property
+    def B(self) -> int:
+        return len(self.seq_lens)
+
+    def kv_bytes(self, dtype=torch.float16) -> int:
+        """Bytes of K and V a decode must read: every token of every sequence, once per KV head
+        (pages shared by a prefix count once per sequence that reads them)."""
+        return 2 * sum(self.seq_lens) * self.Hkv * self.D * torch.finfo(dtype).bits // 8
+
+    def flops(self) -> int:
+        return sum(4 * self.Hq * self.D * sum(max(0, min(L, i + L - self.Sq + 1)) for i in range(self.Sq))
+                   for L in self.seq_lens)
+
+    def describe(self) -> str:
+        lens = self.seq_lens if len(set(self.seq_lens)) > 1 else f"{self.B} x {self.seq_lens[0]}"
+        lens = str(lens).replace(" ", "") if isinstance(lens, tuple) else lens
+        extra = f", shared prefix {self.shared_prefix}" if self.shared_prefix else ""
+        return (f"{self.name} (seq_lens {lens}, Hq={self.Hq}, Hkv={self.Hkv}, Sq={self.Sq}, D={self.D}, "
+                f"page {self.page_size}{extra})")
+
+
+def _cases(lens: dict, Hq: int, Hkv: int, D: int, prefix: int) -> dict[str, DecodeCase]:
+    c = {
+        # lengths 0 to 32k in one batch: empty, one token, one page, one past a page, long ones
+        "mixed": DecodeCase("mixed", lens["mixed"], Hq, Hkv, D, 1, 16),
+        "page64": DecodeCase("page64", lens["page64"], Hq, Hkv, D, 1, 64),
+        "page48": DecodeCase("page48", lens["page48"], Hq, Hkv, D, 1, 48),     # no power of two
+        "prefix": DecodeCase("prefix", lens["prefix"], Hq, Hkv, D, 1, 16, shared_prefix=prefix),
+        "mqa": DecodeCase("mqa", lens["page64"], Hq, 1, D, 1, 64),
+        "spec": DecodeCase("spec", lens["spec"], Hq, Hkv, D, 4, 16),           # 4 query tokens, causal
+        "d64": DecodeCase("d64", lens["page48"], Hq, Hkv, 64, 4, 16),
+    }
+    return c
+
+
+#: On a GPU: fp16/bf16, GQA 32/8, D 128 (the contract's shapes).
+DECODE_CASES = _cases({"mixed": (0, 1, 15, 16, 17, 1000, 4097, 32768),
+                       "page64": (5, 64, 65, 2000, 8191, 300),
+                       "page48": (47, 48, 49, 3000),
+                       "prefix": (2000, 2100, 1500, 1024),
+                       "spec": (0, 1, 3, 4, 5, 1000, 4096)}, 32, 8, 128, prefix=1024)
+
+#: On a CPU (Triton's interpreter): the same character at sizes it gets through in seconds.
+CPU_DECODE_CASES = _cases({"mixed": (0, 1, 15, 16, 17, 100, 333, 700),
+                           "page64": (5, 64, 65, 300),
+                           "page48": (47, 48, 49, 200),
+                           "prefix": (200, 230, 150, 128),
+                           "spec": (0, 1, 3, 4, 5, 130)}, 8, 2, 128, prefix=128)
+
+
+def _perf_cases() -> dict[str, DecodeCase]:
+    out = {}
+    for B, L, tag in ((64, 8192, "b64_8k"), (16, 32768, "b16_32k"), (1, 131072, "b1_128k")):
+        for ps in (16, 64):
+            name = f"{tag}_p{ps}"
+            out[name] = DecodeCase(name, (L,) * B, 32, 8, 128, 1, ps, graded_perf=True)
+    return out
+
+
+#: GPU only: the memory-bandwidth cases (uniform lengths, so that SDPA can run the same decode).
+PERF_DECODE_CASES = _perf_cases()
+#: The two that perf cells grade (thresholds in autograder/thresholds.toml).
+GRADED_DECODE_CASES = ("b64_8k_p16", "b16_32k_p64")
+
+
+def decode_profile(device=None) -> dict[str, DecodeCase]:
+    return DECODE_CASES if resolve_device(device).type == "cuda" else CPU_DECODE_CASES
+
+
+def get_decode_case(name: str | DecodeCase, device=None) -> DecodeCase:
+    """A case by name, sized for ``device`` (full size on a GPU, the CPU profile otherwise)."""
+    if isinstance(name, DecodeCase):
+        return name
+    if name in PERF_DECODE_CASES:
+        return PERF_DECODE_CASES[name]
+    cases = decode_profile(device)
+    if name not in cases:
+        raise KeyError(f"no decode case {name!r}; known: {', '.join([*cases, *PERF_DECODE_CASES])}")
+    return cases[name]
+
+
+# ----------------------------------------------------------------------------- inputs
+class PagedInputs(NamedTuple):
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+def pages_needed(L: int, page_size: int) -> int:
+    return -(-L // page_size)
+
+
+def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=None, dtype=None) -> PagedInputs:
+    """Seeded inputs of a case: q as a strided view of ``[B, Sq, Hq, D]`` storage; pages in shuffled
+    order; with ``shared_prefix``, the first pages of every sequence are sequence 0's; every row no
+    sequence owns (a last page's tail, spare pages) and every padding entry's page holds NaN."""
+    device = resolve_device(device)
+    case = get_decode_case(case, device)
+    dtype = dtype or default_dtype(device)
+    g = torch.Generator().manual_seed(seed)
+    ps, B = case.page_size, case.B
+    shared = pages_needed(case.shared_prefix, ps) if case.shared_prefix else 0
+    if case.shared_prefix and case.shared_prefix % ps:
+        raise ValueError("shared_prefix must be a whole number of pages")
+    own = [pages_needed(L, ps) - (shared if b > 0 and L >= case.shared_prefix else 0)
+           for b, L in enumerate(case.seq_lens)]
+    spare = 2                                          # pages nobody owns: NaN, the padding's target
+    num_pages = sum(own) + spare
+    perm = torch.randperm(num_pages, generator=g)      # physical page of each logical page
+    max_pages = max(1, max(pages_needed(L, ps) for L in case.seq_lens)) + 1   # +1: padding to read past
+    table = torch.empty(B, max_pages, dtype=torch.int32)
+    table[:] = perm[num_pages - 1 - torch.randint(0, spare, (B, max_pages), generator=g)].to(torch.int32)
+    nxt = 0
+    for b, L in enumerate(case.seq_lens):
+        n = pages_needed(L, ps)
+        start = 0
+        if b > 0 and case.shared_prefix and L >= case.shared_prefix:
+            table[b, :shared] = table[0, :shared]
+            start = shared
+        for i in range(start, n):
+            table[b, i] = perm[nxt]
+            nxt += 1
+    kv_shape = (num_pages, ps, case.Hkv, case.D)
+    k_cache = torch.full(kv_shape, float("nan"), dtype=torch.float32)
+    v_cache = torch.full(kv_shape, float("nan"), dtype=torch.float32)
+    for b, L in enumerate(case.seq_lens):
+        for i in range(pages_needed(L, ps)):
+            p = int(table[b, i])
+            rows = min(ps, L - i * ps)
+            if b > 0 and i < shared and L >= case.shared_prefix:
+                continue                                        # sequence 0 wrote this page
+            k_cache[p, :rows] = torch.randn(rows, case.Hkv, case.D, generator=g)
+            v_cache[p, :rows] = torch.randn(rows, case.Hkv, case.D, generator=g)
+    q = torch.randn(B, case.Sq, case.Hq, case.D, generator=g).to(device=device, dtype=dtype).transpose(1, 2)
+    return PagedInputs(q, k_cache.to(device=device, dtype=dtype), v_cache.to(device=device, dtype=dtype),
+                       table.to(device), torch.tensor(case.seq_lens, dtype=torch.int32, device=device))
+
+
+def gather_kv(k_cache, v_cache, block_table, seq_lens, b: int):
+    """Sequence ``b``'s keys and values, contiguous: ``k, v [Hkv, L, D]``."""
+    L = int(seq_lens[b])
+    ps = k_cache.shape[1]
+    pages = block_table[b, :pages_needed(L, ps)].long()
+    k = k_cache.index_select(0, pages).flatten(0, 1)[:L]          # [L, Hkv, D]
+    v = v_cache.index_select(0, pages).flatten(0, 1)[:L]
+    return k.transpose(0, 1), v.transpose(0, 1)
+
+
+def _attend(q, k, v, scale, dtype, head_map=None, align="bottom_right"):
+    """One sequence: q [Hq, Sq, D], k, v [Hkv, L, D] -> o [Hq, Sq, D], lse [Hq, Sq] in ``dtype``."""
+    Hq, Sq, _ = q.shape
+    Hkv, L, _ = k.shape
+    idx = (kv_head_index(Hq, Hkv) if head_map is None else head_map).to(q.device)
+    qd, kd, vd = q.to(dtype), k.to(dtype).index_select(0, idx), v.to(dtype).index_select(0, idx)
+    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale                       # [Hq, Sq, L]
+    if align is not None:
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(L, device=q.device)[None, :]
+        visible = j <= i + (L - Sq) if align == "bottom_right" else j <= i
+        s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1) if L else torch.full((Hq, Sq), float("-inf"), dtype=dtype, device=q.device)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    return torch.matmul(p, vd), lse
+
+
+def paged_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, *, dtype=None,
+                    head_map=None, align="bottom_right", table=None, lens=None):
+    """Paged decode computed plainly, one sequence at a time: ``(o, lse)`` with ``o`` in ``dtype``
+    (float64 on a CPU, float32 on a GPU) and ``lse`` float32 ``[B, Hq, Sq]``.
+
+    ``head_map``, ``align`` (``"bottom_right"``, ``"top_left"`` or None), ``table`` and ``lens``
+    replace the rule's head mapping, causal alignment, block table and lengths: the check computes
+    the classic mistakes with them, to name the one a wrong result matches."""
+    B, Hq, Sq, D = q.shape
+    if dtype is None:
+        dtype = torch.float32 if q.device.type == "cuda" else torch.float64
+    scale = default_scale(D, scale)
+    table = block_table if table is None else table
+    outs, lses = [], []
+    for b in range(B):
+        k, v = gather_kv(k_cache, v_cache, table, seq_lens if lens is None else lens, b)
+        o, lse = _attend(q[b], k, v, scale, dtype, head_map, align)
+        outs.append(o)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses).float()
+
+
+def _torch_rounding(q, k_cache, v_cache, block_table, seq_lens, scale, b: int):
+    """PyTorch's SDPA on sequence ``b`` in the inputs' dtype: the rounding yardstick of rule 2."""
+    k, v = gather_kv(k_cache, v_cache, block_table, seq_lens, b)
+    Hq, Sq, D = q.shape[1:]
+    L = k.shape[1]
+    if L == 0:
+        return torch.zeros(Hq, Sq, D, dtype=q.dtype, device=q.device)
+    idx = kv_head_index(Hq, k.shape[0]).to(q.device)
+    i = torch.arange(Sq, device=q.device)[:, None]
+    mask = torch.arange(L, device=q.device)[None, :] <= i + (L - Sq)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q[b], k.index_select(0, idx), v.index_select(0, idx), attn_mask=mask, scale=scale)
+    return torch.nan_to_num(o.masked_fill(~mask.any(-1)[None, :, None], 0.0), nan=0.0)
+
+
+# ----------------------------------------------------------------------------- input errors
+_VALIDATED: dict = {}
+
+
+def validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale=None, *, head_dims=None) -> None:
+    """Raise :class:`AttentionInputError` with a one-line explanation when the inputs break the
+    contract: shapes, dtypes, devices, a block table too short for ``seq_lens``, page ids out of
+    range.
+
+    The checks of values (lengths, page ids) read ``seq_lens`` and ``block_table`` on the host, one
+    synchronisation; they are done once for a given pair of tensors as long as neither is changed
+    (an engine validates a batch once for all of its layers), so a decode step pays for it once."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise AttentionInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise AttentionInputError(f"q must be [B, Hq, Sq, D], got shape {tuple(q.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise AttentionInputError(f"{name} must be [num_pages, page_size, Hkv, D], got shape {tuple(t.shape)}")
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise AttentionInputError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} "
+                                  f"and {tuple(v_cache.shape)}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype not in DTYPES:
+            raise AttentionInputError(f"{name} has dtype {t.dtype}; supported: fp16, bf16, fp32")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise AttentionInputError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
+                                  f"{v_cache.dtype}")
+    if block_table.dtype != torch.int32:
+        raise AttentionInputError(f"block_table must be int32 (page ids), got {block_table.dtype}; "
+                                  "pass block_table.to(torch.int32)")
+    if seq_lens.dtype not in (torch.int32, torch.int64):
+        raise AttentionInputError(f"seq_lens must be int32 or int64, got {seq_lens.dtype}")
+    devices = {t.device for t in (q, k_cache, v_cache, block_table, seq_lens)}
+    if len(devices) != 1:
+        raise AttentionInputError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+    B, Hq, Sq, D = q.shape
+    num_pages, page_size, Hkv, Dk = k_cache.shape
+    if Dk != D:
+        raise AttentionInputError(f"head dims differ: q has D={D}, the caches D={Dk}")
+    if Hkv == 0 or Hq % Hkv:
+        raise AttentionInputError(f"Hq={Hq} must be a multiple of the caches' Hkv={Hkv} (grouped-query attention)")
+    if page_size < 1 or num_pages < 1:
+        raise AttentionInputError(f"the caches hold no page (shape {tuple(k_cache.shape)})")
+    if block_table.dim() != 2 or block_table.shape[0] != B:
+        raise AttentionInputError(f"block_table must be [B, max_pages] = [{B}, ...], got {tuple(block_table.shape)}")
+    if tuple(seq_lens.shape) != (B,):
+        raise AttentionInputError(f"seq_lens must be [B] = [{B}], got {tuple(seq_lens.shape)}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise AttentionInputError(f"scale must be a positive finite number or None, got {scale!r}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise AttentionInputError(f"{name} has stride(-1) = {t.stride(-1)}: the head dimension must be "
+                                      f"contiguous; pass {name}.contiguous()")
+    if head_dims is not None and D not in head_dims:
+        raise AttentionInputError(f"head dimension D={D} is not supported: one of {', '.join(map(str, head_dims))}")
+    key = (id(block_table), block_table._version, block_table.data_ptr(), id(seq_lens), seq_lens._version,
+           seq_lens.data_ptr(), num_pages, page_size, Sq)
+    if _VALIDATED.get(key) == (block_table, seq_lens):
+        return
+    lens = seq_lens.tolist()
+    bad = [(b, L) for b, L in enumerate(lens) if L < 0]
+    if bad:
+        raise AttentionInputError(f"seq_lens must be >= 0; sequence {bad[0][0]} has {bad[0][1]}")
+    max_pages = block_table.shape[1]
+    need = [pages_needed(L, page_size) for L in lens]
+    if max(need, default=0) > max_pages:
+        b = need.index(max(need))
+        raise AttentionInputError(f"sequence {b} has seq_len {lens[b]}, {need[b]} pages of {page_size}, but the "
+                                  f"block table has room for {max_pages} pages per sequence")
+    cols = torch.arange(max_pages, device=block_table.device)[None, :]
+    used = cols < torch.tensor(need, device=block_table.device)[:, None]
+    ids = block_table[used]
+    if ids.numel():
+        lo, hi = ids.min().item(), ids.max().item()
+        if lo < 0 or hi >= num_pages:
+            where = torch.nonzero(used & ((block_table < 0) | (block_table >= num_pages)))[0].tolist()
+            raise AttentionInputError(
+                f"block_table[{where[0]}, {where[1]}] = {int(block_table[where[0], where[1]])} is not a page "
+                f"id: the caches hold pages 0..{num_pages - 1}")
+    if len(_VALIDATED) > 16:
+        _VALIDATED.clear()
+    _VALIDATED[key] = (block_table, seq_lens)
+
+
+# ----------------------------------------------------------------------------- the check
+def _seq_list(idx) -> str:
+    idx = sorted(set(idx))
+    return ", ".join(map(str, idx[:8])) + (f" and {len(idx) - 8} more" if len(idx) > 8 else "")
+
+
+def _variants(inp: PagedInputs, scale, ref_dtype):
+    """The results of the classic mistakes, as (cause, o) pairs."""
+    q, kc, vc, table, lens = inp
+    B, Hq, Sq, D = q.shape
+    Hkv, ps = kc.shape[2], kc.shape[1]
+    out = []
+    if Hkv < Hq and Hkv > 1:
+        out.append(("the query heads map to the wrong KV head: query head h reads KV head h // (Hq // Hkv) "
+                    "(the heads of a group are consecutive), not h % Hkv",
+                    dict(head_map=torch.arange(Hq) % Hkv)))
+    short = (lens // ps) * ps
+    if bool((short != lens).any()):
+        out.append(("the last, partial page is skipped: a sequence has ceil(seq_len / page_size) pages; "
+                    "count the pages with a rounding-up division and mask the rows past seq_len",
+                    dict(lens=short)))
+    if Sq > 1:
+        out.append(("the new query tokens do not mask each other: with Sq > 1, query i sees keys "
+                    "j <= i + seq_len - Sq (bottom-right causal)", dict(align=None)))
+        out.append(("the causal mask is aligned top-left (j <= i): the Sq query tokens are the *last* Sq "
+                    "tokens of the sequence, so query i sees keys j <= i + seq_len - Sq", dict(align="top_left")))
+    out.append(("the scores are not scaled: S = scale * q k^T with scale = 1/sqrt(D) by default", dict(scale=1.0)))
+    for cause, kw in out:
+        s = kw.pop("scale", scale)
+        try:
+            o, _ = paged_reference(q, kc, vc, table, lens, s, dtype=ref_dtype, **kw)
+        except Exception:
+            continue
+        yield cause, o
+
+
+def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "custom",
+                       seed: int | None = None) -> dict:
+    """Check ``(o, lse)`` computed from paged inputs against the reference, sequence by sequence.
+
+    Raises :class:`AttentionCheckError` with a teaching message; returns error figures otherwise."""
+    tag = f"[{config}]" + ("" if seed is None else f" (seed {seed})")
+    if is_collecting():
+        return {}
+    q, kc, vc, table, lens = inp
+    B, Hq, Sq, D = q.shape
+    for name, t, shape, dtype in (("o", o, tuple(q.shape), q.dtype), ("lse", lse, (B, Hq, Sq), torch.float32)):
+        if not isinstance(t, torch.Tensor):
+            raise AttentionCheckError(f"{tag} {name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape:
+            raise AttentionCheckError(f"{tag} {name} has shape {tuple(t.shape)}; it must be {shape}")
+        if t.dtype != dtype:
+            raise AttentionCheckError(f"{tag} {name} has dtype {t.dtype}; it must be {dtype}")
+        if t.device != q.device:
+            raise AttentionCheckError(f"{tag} {name} is on {t.device}; it must stay on {q.device}")
+    scale_v = default_scale(D, scale)
+    ref, ref_lse = paged_reference(q, kc, vc, table, lens, scale)
+    o64 = o.detach().to(ref.dtype)
+    L = lens.tolist()
+    empty = torch.isneginf(ref_lse)                                     # [B, Hq, Sq]
+
+    def seqs(mask_bhs) -> str:
+        bs = torch.nonzero(mask_bhs.any(dim=(1, 2))).flatten().tolist()
+        return ", ".join(f"{b} (seq_len {L[b]})" for b in bs[:6]) + (f" and {len(bs) - 6} more" if len(bs) > 6 else "")
+
+    nonfinite = ~torch.isfinite(o64).all(dim=-1)
+    if nonfinite.any():
+        if bool((nonfinite & ~empty).sum() == 0):
+            cause = ("these rows see no key (an empty sequence, or fewer tokens than Sq - i): o must be 0 and "
+                     "lse -inf. Guard the division by l when l == 0, and exp(m_old - m_new) while m is -inf; a "
+                     "merge of splits that all saw no key must give 0, not 0/0")
+        else:
+            cause = ("the K/V rows past seq_len, the padding entries of the block table and the pages no "
+                     "sequence owns all hold NaN here: a load that is not masked reads them. Mask K and V loads "
+                     "with (key index < seq_len) and other=0.0, and never follow a block-table entry past the "
+                     "sequence's last page")
+        raise AttentionCheckError(f"{tag} o has NaN or inf in sequences {seqs(nonfinite)}.\n  likely cause: {cause}")
+    if bool((o64.abs().amax(-1)[empty] > 0).any()):
+        hint = (" With Sq > 1 the new tokens are the last Sq of the sequence (bottom-right causal): query i of a "
+                "sequence of seq_len L sees keys j <= i + L - Sq, so rows i < Sq - L see none") if Sq > 1 else ""
+        raise AttentionCheckError(f"{tag} rows that see no key must be exactly 0 (lse -inf), in sequences "
+                                  f"{seqs(empty & (o64.abs().amax(-1) > 0))}.{hint}")
+    # Rule 2 and 3, per sequence: twice PyTorch's own rounding, 1% of the largest reference value.
+    err = (o64 - ref).abs().amax(-1)                                    # [B, Hq, Sq]
+    allowed = torch.empty(B, dtype=torch.float64)
+    for b in range(B):
+        t = _torch_rounding(q, kc, vc, table, lens, scale_v, b).to(ref.dtype)
+        allowed[b] = 2 * float((t - ref[b]).abs().max()) + ABS_SLACK
+    top = float(ref.abs().max()) or 1.0
+    bad = (err > allowed.to(err.device)[:, None, None]) | (err / top >= REL_LIMIT)
+    if bad.any():
+        worst = float(err.max())
+        heads = torch.nonzero(bad.any(dim=(0, 2))).flatten().tolist()
+        cause = None
+        for why, alt in _variants(inp, scale, ref.dtype):
+            if float((o64 - alt.to(o64)).abs().max()) < 0.1 * worst:
+                cause = why
+                break
+        if cause is None:
+            ok = [L[b] for b in range(B) if not bool(bad[b].any()) and L[b] > 0]
+            wrong = [L[b] for b in range(B) if bool(bad[b].any())]
+            if ok and wrong and min(wrong) > max(ok):
+                cause = (f"sequences up to {max(ok)} tokens are right and longer ones wrong: the part that only "
+                         "long sequences use is at fault, most likely the merge of the splits (each partial O "
+                         "must be rescaled by exp(m_split - m) before the sum, and divided by the merged l) or "
+                         "the loop over a split's pages")
+            else:
+                cause = ("compare one wrong sequence with facourse.decode.paged_reference: check the page lookup "
+                         "(block_table[b, t // page_size], row t % page_size), the GQA head mapping, the scale "
+                         "and the merge of the splits")
+        raise AttentionCheckError(
+            f"{tag} o is off by up to {worst:.3g} (allowed {float(allowed.max()):.3g}) in sequences {seqs(bad)}, "
+            f"query heads {_seq_list(heads)}.\n  likely cause: {cause}")
+    lse_err = _check_lse(lse, ref_lse, q, tag)
+    return {"max_abs_err": float(err.max()), "allowed": float(allowed.min()), "lse_err": lse_err}
+
+
+def check_paged_decode(fn, case: str | DecodeCase = "mixed", *, seed: int | None = None, device=None,
+                       dtype=None, scale=None, verbose: bool = True) -> None:
+    """Draw the inputs of ``case``, call ``fn(q, k_cache, v_cache, block_table, seq_lens[, scale=])`` and
+    check ``(o, lse)`` with the course's rule. Raises :class:`AttentionCheckError` on failure (also when
+    ``fn`` changes an input); prints one line on success and returns nothing."""
+    device = resolve_device(device)
+    c = get_decode_case(case, device)
+    seed = secrets.randbits(31) if seed is None else seed
+    inp = make_paged_inputs(c, seed, device, dtype)
+    tag = f"[{c.name}]"
+    copies = [t.clone() for t in inp]
+    kwargs = {} if scale is None else {"scale": scale}
+    with nan_filled_allocations(device), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*inp, **kwargs)
+    for w in {str(w.message) for w in caught}:
+        print(f"note: the call raised a warning: {w}")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    for name, t, cp in zip(PagedInputs._fields, inp, copies):
+        if not torch.equal(t.nan_to_num(), cp.nan_to_num()) if t.is_floating_point() else not torch.equal(t, cp):
+            raise AttentionCheckError(f"{tag} {name} was modified by the call: a decode must leave its inputs "
+                                      "untouched")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise AttentionCheckError(f"{tag} the function must return a pair (o, lse), got {type(result).__name__}")
+    rep = check_paged_result(result[0], result[1], inp, scale, config=c.describe(), seed=seed)
+    if verbose and not is_collecting():
+        print(f"[{c.name}] passed: max|o-ref| {rep['max_abs_err']:.2e} (allowed {rep['allowed']:.2e}), "
+              f"lse err {rep['lse_err']:.2e}")
+
+
+# ----------------------------------------------------------------------------- the bench
+def sdpa_decode(backend: str = "CUDNN_ATTENTION"):
+    """SDPA decode on contiguous K/V ``[B, Hkv, L, D]`` with one backend: the G query heads of a KV head
+    go in as G query rows of that head (``q.view(B, Hkv, G, D)``), so K and V are read once per KV head,
+    as a GQA-packed kernel reads them. ``fn(q [B, Hq, 1, D], k, v) -> o``; ``fn.backend`` names what ran."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    used = backend
+    if backend == "CUDNN_ATTENTION" and not torch.backends.cudnn.is_available():
+        used = "FLASH_ATTENTION"
+    kind = getattr(SDPBackend, used)
+
+    def fn(q, k, v, scale=None):
+        B, Hq, Sq, D = q.shape
+        Hkv = k.shape[1]
+        qg = q.reshape(B, Hkv, (Hq // Hkv) * Sq, D)
+        with sdpa_kernel([kind]):
+            o = torch.nn.functional.scaled_dot_product_attention(qg, k, v, scale=scale)
+        return o.view(B, Hq, Sq, D)
+
+    fn.backend = used
+    return fn
+
+
+def contiguous_kv(inp: PagedInputs):
+    """The same K/V as ``[B, Hkv, L, D]`` tensors (uniform lengths only)."""
+    lens = inp.seq_lens.tolist()
+    if len(set(lens)) != 1:
+        raise ValueError("contiguous K/V needs one length for every sequence")
+    ks, vs = zip(*(gather_kv(inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens, b) for b in range(len(lens))))
+    return torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
+
+
+@dataclass
+class DecodeBenchResult:
+    config: str
+    gpu: str
+    dtype: str
+    backend: str
+    t_student_ms: float
+    t_ref_ms: float
+    gbps_student: float       # K and V bytes read per second (GB/s)
+    gbps_ref: float
+    ratio: float              # t_ref / t_student
+    kv_bytes: int
+    host_student_us: float = float("nan")
+    host_ref_us: float = float("nan")
+
+    def summary(self) -> str:
+        return (f"{self.config} on {self.gpu}, {self.dtype}: student {self.gbps_student:.0f} GB/s of K/V "
+                f"({self.t_student_ms:.3f} ms), SDPA {self.backend} on contiguous K/V {self.gbps_ref:.0f} GB/s "
+                f"({self.t_ref_ms:.3f} ms): {self.ratio:.2f}x the reference")
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+        return asdict(self)
+
+
+def bench_decode(fn, case: str | DecodeCase = "b64_8k_p16", *, backend: str = "CUDNN_ATTENTION",
+                 dtype=torch.float16, rounds: int = 25, warmup: int = 5, seed: int = 0) -> DecodeBenchResult:
+    """Time the paged decode ``fn`` against SDPA's ``backend`` on the same K/V stored contiguously
+    (``facourse.bench.time_calls``: the one timing method). GPU only."""
+    from .bench import new_flush_buffer, time_calls
+
+    require_gpu(what="benchmarking")
+    c = get_decode_case(case, "cuda")
+    inp = make_paged_inputs(c, seed, "cuda", dtype)
+    k, v = contiguous_kv(inp)
+    ref = sdpa_decode(backend)
+    q = inp.q.contiguous()
+    calls = {"s": lambda: fn(*inp), "r": lambda: ref(q, k, v)}
+    gpu, host = time_calls(calls, max(rounds, 20), new_flush_buffer(), warmup)
+    ts, tr = statistics.median(gpu["s"]), statistics.median(gpu["r"])
+    nbytes = c.kv_bytes(dtype)
+    return DecodeBenchResult(c.describe(), gpu_name(), str(dtype).replace("torch.", ""), ref.backend, ts, tr,
+                             nbytes / ts / 1e6, nbytes / tr / 1e6, tr / ts, nbytes,
+                             statistics.median(host["s"]), statistics.median(host["r"]))
+
+
+def copy_rate_gbps(nbytes: int = 1 << 30, rounds: int = 20) -> float:
+    """A device-to-device copy's rate on this GPU, counting what it reads and what it writes (GB/s)."""
+    from .bench import new_flush_buffer, time_calls
+
+    require_gpu(what="measuring the copy rate")
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    gpu, _ = time_calls({"copy": lambda: dst.copy_(src)}, rounds, new_flush_buffer())
+    return 2 * nbytes / statistics.median(gpu["copy"]) / 1e6
+
+
+__all__ = ["DecodeCase", "DECODE_CASES", "CPU_DECODE_CASES", "PERF_DECODE_CASES", "GRADED_DECODE_CASES",
+           "PagedInputs", "make_paged_inputs", "gather_kv", "paged_reference", "validate_paged_inputs",
+           "check_paged_result", "check_paged_decode", "sdpa_decode", "bench_decode", "copy_rate_gbps",
+           "get_decode_case", "decode_profile", "pages_needed"]
