@@ -592,6 +592,11 @@ from backward_figures import FIGURES as _BACKWARD_FIGURES  # noqa: E402
 
 FIGURES.update(_BACKWARD_FIGURES)
 
+# Step 09's figures of decoding (the paged KV cache, flash-decoding's split and merge).
+from decode_figures import FIGURES as _DECODE_FIGURES  # noqa: E402
+
+FIGURES.update(_DECODE_FIGURES)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
