@@ -44,6 +44,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from facourse import gpu_or_skip, reference_attention
+from facourse.decode import get_decode_case
 
 torch.manual_seed(0)
 torch.set_num_threads(1)   # every tensor here is small: one thread is faster, and steady on a busy machine
@@ -95,8 +96,9 @@ fig, ax = plt.subplots(figsize=(7.5, 4.2))
 xs = [2 ** e for e in range(-1, 14)]
 for name, style in (("H100", "-"), ("H200", "--")):
     g = GPUS[name]
-    ax.plot(xs, [min(g["fp16_tflops"], g["hbm_tbs"] * x) for x in xs], style, color="#444444",
-            label=f"{name}: {g['hbm_tbs']} TB/s, {g['fp16_tflops']} TFLOP/s")
+    xg = sorted(xs + [g["fp16_tflops"] / g["hbm_tbs"]])              # the ridge itself, for a sharp corner
+    ax.plot(xg, [min(g["fp16_tflops"], g["hbm_tbs"] * x) for x in xg], style, color="#444444",
+            label=f"{name}: {g['hbm_tbs']} TB/s, {g['fp16_tflops']} TFLOP/s (ridge {g['fp16_tflops'] / g['hbm_tbs']:.0f})")
 for (name, I), c in zip(POINTS.items(), ("#d9534f", "#f0ad4e", "#e67e22", "#8e44ad", "#4a90d9")):
     ax.plot([I], [min(h100["fp16_tflops"], h100["hbm_tbs"] * I)], "o", color=c, ms=8, label=name)
 ax.set_xscale("log", base=2)
@@ -116,19 +118,17 @@ plt.show()
 # $$t \approx \frac{\sum_b 2\, L_b\, H_{kv}\, d\, e}{\beta}.$$
 #
 # Below, one attention layer of a model shaped like many recent ones ($H_q = 32$, $H_{kv} = 8$,
-# $d = 128$, fp16) at three batch/length trade-offs with the same or fewer tokens in flight: 64
-# sequences of 8k tokens, 16 of 32k, one of 128k (the GPU cases of step 09's benchmark carry these
-# names). $\beta$ is the datasheet bandwidth (H100 SXM5: 3.35 TB/s HBM3; H200: 4.8 TB/s HBM3e); lecture 00
-# measured a plain copy on an H100 at about 90% of it, so expect a good kernel at 80-90% of these
-# times' inverse, never above.
+# $d = 128$, fp16) at three batch sizes: 64 sequences of 8k tokens, 16 of 32k (the same number of
+# tokens), one of 128k (a quarter of it); step 09's GPU benchmark cases carry these names.
+# $\beta$ is the datasheet bandwidth (H100 SXM5: 3.35 TB/s HBM3; H200: 4.8 TB/s HBM3e). Lecture 00
+# measured a plain copy on an H100 at about 90% of it: a good kernel takes about these times divided
+# by 0.9, and none takes less than these times.
 
 # %%
 def kv_cache_bytes(seq_lens, Hkv, D, elem_bytes=2):
     """Bytes of K and V that one decode step reads: every cached token, every KV head, once."""
     return 2 * sum(seq_lens) * Hkv * D * elem_bytes
 
-
-from facourse.decode import get_decode_case
 
 SHAPES = {"b64_8k": [8192] * 64, "b16_32k": [32768] * 16, "b1_128k": [131072]}
 Hq_, Hkv_, D_ = 32, 8, 128
@@ -170,8 +170,10 @@ for name, lens in SHAPES.items():
 # 2. **$K$ and $V$ loaded $G$ times.** The $G$ programs of a GQA group each load the same KV head. L2
 #    (50 MB on an H100) may catch some of the repeats when they run at the same time; a 128k-token KV
 #    head (64 MiB in fp16) does not fit.
-# 3. **Padded tiles.** 1 row of 64 in each `tl.dot`. At 1 FLOP/byte this wastes only tensor-core time,
-#    which is free here; it matters through 2., not by itself.
+# 3. **Padded tiles.** One real row of 64 in each `tl.dot`: 63/64 of the tensor-core work is padding.
+#    At 1 FLOP/byte that costs nothing measurable, the tensor cores being idle anyway; it is 2. seen
+#    from the other side: the rows that could fill the tile belong to the other heads of the group,
+#    which load the same $K$ and $V$ in other programs.
 #
 # The table counts programs and busy SMs for a few shapes ($H_q = 32$, $H_{kv} = 8$):
 
@@ -188,9 +190,10 @@ for B, L in ((64, 8192), (16, 32768), (4, 32768), (1, 131072)):
     print(f"{B:3d} {L:7d} {n:9d} {min(n, sms) / sms:9.0%} {Hq_ // Hkv_:21d}")
 
 # %% [markdown]
-# A large batch fills the GPU on its own; the long-context, small-batch cases (exactly where decoding
-# is slowest, since their bytes are the same) leave it idle. The fix must find parallelism **along
-# the keys**, because that is the only long axis left.
+# A large batch fills the GPU on its own. One long sequence does not: 128k tokens are a quarter of the
+# bytes of the 64 × 8k batch, but 32 programs would stream them through a quarter of the SMs, so it
+# could take as long or longer (section 9 measures exactly this on an H100). Batch and heads are
+# exhausted; the fix must find parallelism **along the keys**, the only long axis left.
 #
 # ## 3. Split-KV and the merge: flash-decoding
 #
@@ -294,9 +297,11 @@ for L, S in ((8192, 1), (32768, 4), (131072, 16), (131072, 64), (4096, 64)):
 #    programs on $N_{SM}$ SMs the launch runs in $\lceil n / N_{SM} \rceil$ waves and the last one may
 #    be partly empty; efficiency $= (n / N_{SM}) / \lceil n / N_{SM} \rceil$.
 #
-# The same idea drives the `flash-attn` package's `num_splits_heuristic` (`csrc/flash_attn/flash_api.cpp`):
-# one split when the grid fills 80% of the SMs, otherwise the smallest split count whose wave efficiency
-# is within 85% of the best. Our function is our own, with the chunk-length floor added.
+# The same idea drives FlashAttention-2's `num_splits_heuristic` (`csrc/flash_attn/flash_api.cpp` of the
+# `flash-attn` package; PyTorch's copy calls it for every forward without dropout): one split when the
+# grid fills 80% of the SMs, otherwise the smallest split count whose wave efficiency is within 85% of
+# the best, counting two programs per SM and at most 128 splits. Our function is our own, with one
+# program per SM and a floor on the chunk length added.
 
 # %%
 def wave_efficiency(programs, n_sm):
@@ -344,6 +349,9 @@ for B, Hkv, L in ((64, 8, 8192), (16, 8, 32768), (8, 8, 32768), (4, 8, 32768), (
 # 32 rows, padded up to the 16 that `tl.dot` needs at least). With $q$ in `[B, Hq, Sq, D]` layout the
 # packed tile is a free reshape, `q.view(B, Hkv, G * Sq, D)`; row $r$ of it is query head
 # $h_{kv} G + r // S_q$ and query token $r \bmod S_q$ (the causal mask of section 7 needs the latter).
+# FlashAttention-2's forward does the same at $S_q = 1$: when there are fewer KV heads than query heads
+# it reshapes $q$ so that the $G$ heads of a group become $G$ query rows of their KV head
+# (`seqlenq_ngroups_swapped` in `flash_api.cpp`, credited there to Daniel Haziza).
 
 # %%
 # one packed tile per KV head: [B, Hkv, G·Sq, D], a view of q
@@ -452,8 +460,8 @@ print("every sequence reads back exactly; sequences 0 and 1 read physical pages"
 # %% [markdown]
 # Attention reads through the table and never sees where pages are. Shuffle the physical pages
 # (a new order in the pool, the block table renamed to match): the outputs are **bitwise** the same.
-# And the two sequences that share a prefix get, over that prefix, exactly what they would with a
-# private copy.
+# And each sequence, shared prefix pages included, gets bitwise what it would get from a private,
+# contiguous copy of its keys and values.
 
 # %%
 def decode_one(q_b, cache_k, cache_v, table_row, length):
@@ -475,6 +483,10 @@ after = [decode_one(qs[b], k_moved, v_moved, table_moved[b], seq_lens[b]) for b 
 print("block table after the shuffle:\n", table_moved)
 print("outputs bitwise equal after the shuffle:",
       all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(before, after)))
+private = [reference_attention(qs[b][None], seqs_k[b].transpose(0, 1)[None], seqs_v[b].transpose(0, 1)[None],
+                               causal=True) for b in range(3)]
+print("outputs bitwise equal to private contiguous copies:",
+      all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(before, private)))
 
 # %% [markdown]
 # **Slots past the end hold garbage.** Here they are NaN on purpose (the course's inputs do the same).
@@ -557,10 +569,28 @@ assert torch.equal(table2, block_table) and lens2 == seq_lens
 # **Variable lengths.** One launch serves the whole batch; each program reads its sequence's length
 # from `seq_lens` and its chunk of keys from the block table. With a fixed number of splits, short
 # sequences have short chunks (or empty ones, which write $\text{lse}_s = -\infty$ and exit) while long
-# ones have long chunks: the programs of one launch do unequal work. Choosing chunks of a fixed
-# number of pages instead (and so a number of splits per sequence) balances it, at the price of a
-# grid computed on the host from the lengths. A sequence of length 0 (a slot of the batch not in use)
-# has no key: $o = 0$, $\text{lse} = -\infty$, as for the empty rows of lecture 04.
+# ones have long chunks: the programs of one launch do unequal work, and the longest decides when the
+# launch ends. Choosing chunks of a fixed number of keys instead (so a number of splits per sequence)
+# balances it, at the price of a grid computed on the host from the lengths. A sequence of length 0
+# (a slot of the batch not in use) has no key: $o = 0$, $\text{lse} = -\infty$, as for the empty rows
+# of lecture 04. Counted on the lengths of step 09's `mixed` GPU case:
+
+# %%
+# keys per program: a fixed number of splits per sequence, or a fixed chunk length
+from facourse.decode import DECODE_CASES
+
+mixed = list(DECODE_CASES["mixed"].seq_lens)
+print("seq_lens:", mixed)
+for label, chunk_of in (("8 splits per sequence", lambda L: math.ceil(L / 8)), ("chunks of 1024 keys", lambda L: 1024)):
+    work = [min(chunk_of(L), L - start) for L in mixed if L for start in range(0, L, chunk_of(L))]
+    print(f"{label:22s}: {len(work):3d} programs per KV head with keys, the longest {max(work):5d} keys, "
+          f"the mean {sum(work) / len(work):6.0f} (longest / mean {max(work) / (sum(work) / len(work)):4.1f})")
+
+# %% [markdown]
+# With 8 splits, the 32k sequence's programs read 4096 keys each while the average program reads about
+# 800: the launch waits on a few programs that run 5 times longer than the mean. Chunks of 1024 keys give
+# a few fewer programs, the longest only 1.1 times the mean. (Lengths this uneven are the normal case for
+# a server: requests arrive and finish at different times.)
 #
 # **Several query tokens.** Speculative decoding (Leviathan et al. 2023) lets a small model draft a few
 # tokens, then verifies them with the large model in **one** step: $S_q$ query tokens per sequence
@@ -643,11 +673,22 @@ if not R09:
 else:
     from IPython.display import Markdown, display
 
+    def any_table(d):
+        """Every bench row, whatever its fields: the fallback when the step's layout is not the forward's."""
+        rows = [r for r in d.get("rows", []) if r.get("kind", "bench") == "bench"]
+        keys = list(dict.fromkeys(k for r in rows for k in r if k != "kind"))
+        cell = lambda x: f"{x:.2f}" if isinstance(x, float) else str(x)
+        return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+                         + ["| " + " | ".join(cell(r.get(k, "")) for k in keys) + " |" for r in rows])
+
     try:
         print(results.header(R09))
         display(Markdown(results.solution_table(R09)))
-    except (KeyError, TypeError, ValueError) as e:   # a layout this lecture does not know: say so
-        print(f"Step 09's committed results are there but this lecture cannot lay them out ({e!r}).")
+    except (KeyError, TypeError, ValueError):        # decode is timed in GB/s: show the rows as they are
+        try:
+            display(Markdown(any_table(R09)))
+        except Exception as e:                       # a layout this lecture does not know: say so
+            print(f"Step 09's committed results are there but this lecture cannot lay them out ({e!r}).")
 
 # %% [markdown]
 # And on a GPU, this cell checks section 1's prediction. It measures what this GPU's memory really
@@ -656,6 +697,14 @@ else:
 # passed as $G$ query rows of it (`facourse.decode.sdpa_decode`: section 5's packing, so $K$ and $V$ are
 # read once), with the course's timer (L2 flushed, GPU events, median), and compares each time with the
 # bytes of $K$ and $V$ over the datasheet bandwidth and over the measured copy rate.
+#
+# On an H100 80GB HBM3 (SXM) it printed: the copy at 3.01 TB/s, 90% of the datasheet; SDPA's
+# `FLASH_ATTENTION` (PyTorch's FlashAttention-2, which picks its own number of KV splits, section 4) at
+# 0.80, 0.71 and 0.21 ms for the three shapes, 86-100% of the copy rate, as section 1 predicts;
+# `CUDNN_ATTENTION` at 0.72 and 0.71 ms on the two large batches, but 1.47 ms on the single sequence of
+# 128k tokens: nine times the time its bytes predict, and twice the time of 64 sequences holding four
+# times the bytes. Whatever grid cuDNN picks for that shape, it does not find the parallelism along the
+# keys: section 2's idle GPU, measured.
 
 # %%
 if gpu_or_skip("timing decode against the bytes of the KV cache"):
