@@ -1,0 +1,45 @@
+"""v3: the exercise's solution: split-KV with GQA packing, then the merge. Its code is the exercise's
+(solutions/09_decode_paged_kv/09_decode_paged_kv.pct.py, the cells `setup`, `split_kernel`,
+`merge_kernel` and `launch`); this file loads those cells (common.exercise_module), so the rung and
+the exercise's solution are one source.
+
+v3 verdict: not measured yet.
+
+What it adds to v2. v2 runs one program per (split, sequence, query head): the G = Hq // Hkv query
+heads of a group each read the same keys and values, G times the bytes (4x at GQA 32/8). v3 runs
+one program per (split, sequence * KV head) that owns all G * Sq query rows of the group (row r is
+query head kvh * G + r // Sq, token r % Sq; padded to ROWS >= 16 for tl.dot): K and V are read
+once per KV head, which is all a decode has to read, and the scores of the group are one tl.dot of
+[ROWS, D] by [D, BLOCK_N] on the tensor cores instead of G vector products. The online softmax runs
+in base 2 with scale * log2(e) folded into one multiply. The split count targets 2 * SMs programs
+over B * Hkv groups, from shapes only (the block table's width times the page size), so the host
+never waits for seq_lens.
+
+What it leaves to v4. Each key still looks its page up in the block table (a gather per row, even
+when 16 or 64 consecutive keys share a page); one tile size and launch for every shape; 2 * SMs
+programs is one wave, with no slack for the ragged lengths and the memory latency of a long split.
+
+Run on its own:  python v3_gqa_packed.py   (TRITON_INTERPRET=1 on a machine without a GPU)
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+# Step 09's common.py by path, under a name of its own (step 08's ladder has a common.py too).
+if "step09_ladder_common" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("step09_ladder_common", Path(__file__).with_name("common.py"))
+    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules[_spec.name])
+common = sys.modules["step09_ladder_common"]
+
+_exercise = common.exercise_module()
+split_kv_kernel = _exercise.split_kv_kernel
+merge_kernel = _exercise.merge_kernel
+paged_decode = _exercise.paged_decode
+BLOCK_N = _exercise.BLOCK_N
+
+
+if __name__ == "__main__":
+    from facourse.decode import check_paged_decode
+    for case in ("mixed", "page64", "page48", "prefix", "mqa", "spec", "d64"):
+        check_paged_decode(paged_decode, case, seed=0)

@@ -1,0 +1,215 @@
+"""v4: v3 tuned for memory bandwidth on an H100 (sm_90): more splits where the grid is small,
+page-aware tiles, unmasked tiles away from the sequence's end, autotuned tiles and warps, and no
+merge at all when one split suffices.
+
+v4 verdict: not measured yet.
+
+Decode reads every key and value once and does ~2 FLOPs per byte: its time is the bytes of K and V
+divided by the bandwidth the kernel reaches, so every choice below is about keeping enough loads in
+flight on every SM, and issuing as few instructions per byte as possible.
+
+* Splits (common.split_plan, WAVES = 4): about 4 * SMs programs over the B * Hkv groups (GQA-packed,
+  as in v3), rounded, at most 64 splits. B = 1, Hkv = 8 at 128k: 64 splits of 2048 keys, 512
+  programs, ~4 CTAs per SM at once, so each SM has several tiles' worth of loads outstanding while
+  its other CTAs compute; B = 16 at 32k (128 groups): 4 splits; B = 64 at 8k (512 groups, already
+  ~4 per SM): 1 split. v3's 2 * SMs target gives one wave, whose loads cannot hide DRAM latency at
+  small B * Hkv, and whose ragged tail idles SMs.
+* No merge when num_splits == 1 (DIRECT): the split kernel normalises and writes o and lse itself,
+  saving a launch and the float32 partial states (the large-batch cases). Otherwise the partial
+  states go to the exercise's merge kernel (common.merge: the same as v2's and v3's).
+* Split boundaries are multiples of 128 keys (GRANULE, the largest BLOCK_N), so that the autotuner
+  can pick any BLOCK_N without changing the split plan, and a tile never straddles a split.
+* Page-aware tiles when page_size is a power of two (PAGE, a constexpr): a tile starts at a
+  multiple of BLOCK_N, so with page_size >= BLOCK_N it lies inside one page: one table entry (a
+  scalar load) gives the page and its rows are consecutive; with page_size < BLOCK_N it covers
+  BLOCK_N / page_size whole pages: that many table entries, each serving page_size rows (a
+  [pages, page_size] offset block, flattened). Either way the table is read once per page, not once
+  per key, and the row arithmetic is shifts and masks. A page size that is no power of two (48)
+  falls back to v3's per-row gather (one entry per key, a division per key).
+* Unmasked tiles: a tile entirely below both the split's end and seq_len - Sq + 1 is visible to
+  every row: its table and K/V loads carry no mask and its scores no causal `where`. Only the last
+  one or two tiles of a split (the sequence's end, the Sq - 1 causal keys) are masked. Loads are
+  still never issued past seq_len: NaN rows stay unread.
+* exp2 with the scale folded in: scores are multiplied once by scale * log2(e), and the online
+  softmax and the partial LSE are in base 2 (one ex2 per element, no extra multiply).
+* Autotuned (GPU only): BLOCK_N 32/64/128, num_warps 2/4/8, num_stages 2-4, 8 configurations
+  (CONFIGS), keyed on the page size, D, the packed rows (G * Sq), DIRECT, and the split length
+  rounded to a power of two, so a new batch shape of the same kind reuses its tuning; a key takes a
+  few seconds to tune. Deep pipelines (num_stages) keep the next tiles' loads in flight while a tile
+  is reduced; small BLOCK_N with more stages suits pages of 16, large BLOCK_N fewer, bigger loads.
+  The interpreter runs one configuration (INTERPRET_CONFIG), no tuning.
+
+Run on its own:  python v4_tuned.py   (TRITON_INTERPRET=1 on a machine without a GPU)
+"""
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+# Step 09's common.py by path, under a name of its own (step 08's ladder has a common.py too).
+if "step09_ladder_common" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("step09_ladder_common", Path(__file__).with_name("common.py"))
+    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules[_spec.name])
+common = sys.modules["step09_ladder_common"]
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from facourse.decode import validate_paged_inputs  # noqa: E402
+from facourse.triton_setup import TRITON_HEAD_DIMS  # noqa: E402
+
+WAVES = 4              # programs per SM the split plan aims for
+MAX_SPLITS = 64
+GRANULE = 128          # split boundaries: multiples of the largest BLOCK_N
+
+CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in (
+    (32, 2, 4), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 8, 2))]
+INTERPRET_CONFIG = {"BLOCK_N": 128}     # fewer, larger NumPy operations in the interpreter
+TUNE_KEY = ["PAGE", "D", "ROWS", "DIRECT", "split_bucket"]
+
+
+@triton.jit
+def _tile(q, m_i, l_i, acc, K, V, TABLE, tb, n0, end, L, kvh, tok,
+          skp, skr, skh, svp, svr, svh, page_size, qk_scale,
+          PAGE: tl.constexpr, SQ: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+          MASKED: tl.constexpr):
+    """One tile of keys [n0, n0 + BLOCK_N) into the online softmax of the packed rows (base 2).
+    MASKED=False: the caller guarantees every key is < end <= L and visible to every row."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    inside = offs_n < end
+    if PAGE == 0:                       # no power of two: one table entry per key (v3's gather)
+        if MASKED:
+            page = tl.load(TABLE + tb + offs_n // page_size, mask=inside, other=0).to(tl.int64)
+        else:
+            page = tl.load(TABLE + tb + offs_n // page_size).to(tl.int64)
+        row = offs_n % page_size
+        k_off = page * skp + row * skr
+        v_off = page * svp + row * svr
+    elif PAGE >= BLOCK_N:               # the tile lies in one page: one entry, consecutive rows
+        page = tl.load(TABLE + tb + n0 // PAGE).to(tl.int64)   # n0 < end <= L: a page of the sequence
+        row = n0 % PAGE + tl.arange(0, BLOCK_N)
+        k_off = page * skp + row * skr
+        v_off = page * svp + row * svr
+    else:                               # BLOCK_N // PAGE whole pages: one entry serves PAGE rows
+        ent = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
+        if MASKED:
+            pages = tl.load(TABLE + tb + ent, mask=ent * PAGE < end, other=0).to(tl.int64)
+        else:
+            pages = tl.load(TABLE + tb + ent).to(tl.int64)
+        row = tl.arange(0, PAGE)
+        k_off = tl.reshape(pages[:, None] * skp + row[None, :] * skr, [BLOCK_N])
+        v_off = tl.reshape(pages[:, None] * svp + row[None, :] * svr, [BLOCK_N])
+    k_ptr = K + k_off[:, None] + kvh * skh + offs_d[None, :]
+    v_ptr = V + v_off[:, None] + kvh * svh + offs_d[None, :]
+    if MASKED:
+        k = tl.load(k_ptr, mask=inside[:, None], other=0.0)
+        v = tl.load(v_ptr, mask=inside[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr)
+        v = tl.load(v_ptr)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        keep = inside[None, :] & (offs_n[None, :] <= tok[:, None] + L - SQ)    # bottom-right causal
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)                 # a row with no key yet
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))                                # finite: every key visible
+        m_use = m_new
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
+def split_kv_kernel(Q, K, V, TABLE, LENS, O_PART, LSE_PART, O, LSE,
+                    sqb, sqh, sqs, skp, skr, skh, svp, svr, svh, stb, sob, soh, sos,
+                    Hq, Sq, page_size, split_len, num_splits, qk_scale, split_bucket,
+                    G: tl.constexpr, SQ: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+                    PAGE: tl.constexpr, DIRECT: tl.constexpr, BLOCK_N: tl.constexpr):
+    split = tl.program_id(0)
+    b = tl.program_id(1) // (Hq // G)
+    kvh = tl.program_id(1) % (Hq // G)
+    L = tl.load(LENS + b).to(tl.int32)
+    rows = tl.arange(0, ROWS)
+    head = kvh * G + rows // SQ
+    tok = rows % SQ
+    live = rows < G * SQ
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b.to(tl.int64) * sqb + head[:, None] * sqh + tok[:, None] * sqs + offs_d[None, :],
+                mask=live[:, None], other=0.0)
+    tb = b.to(tl.int64) * stb
+    start = split * split_len
+    end = tl.minimum(start + split_len, L)
+    # tiles [start, full_end) are below end and below L - SQ + 1 (visible to every row): no masks
+    full_end = start + tl.maximum(tl.minimum(end, L - SQ + 1) - start, 0) // BLOCK_N * BLOCK_N
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    for n0 in range(start, full_end, BLOCK_N):
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, K, V, TABLE, tb, n0, end, L, kvh, tok,
+                              skp, skr, skh, svp, svr, svh, page_size, qk_scale,
+                              PAGE=PAGE, SQ=SQ, D=D, BLOCK_N=BLOCK_N, MASKED=False)
+    for n0 in range(full_end, end, BLOCK_N):
+        m_i, l_i, acc = _tile(q, m_i, l_i, acc, K, V, TABLE, tb, n0, end, L, kvh, tok,
+                              skp, skr, skh, svp, svr, svh, page_size, qk_scale,
+                              PAGE=PAGE, SQ=SQ, D=D, BLOCK_N=BLOCK_N, MASKED=True)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+    if DIRECT:                          # one split: the final o and lse (natural log), no merge
+        tl.store(O + b.to(tl.int64) * sob + head[:, None] * soh + tok[:, None] * sos + offs_d[None, :],
+                 (acc / l_safe[:, None]).to(O.dtype.element_ty), mask=live[:, None])
+        tl.store(LSE + (b * Hq + head).to(tl.int64) * Sq + tok, lse2 * 0.6931471805599453, mask=live)
+    else:                               # the merge's layout: [B, Hq, Sq, num_splits], base 2
+        part = ((b * Hq + head).to(tl.int64) * Sq + tok) * num_splits + split
+        tl.store(O_PART + part[:, None] * D + offs_d[None, :], acc / l_safe[:, None], mask=live[:, None])
+        tl.store(LSE_PART + part, lse2, mask=live)
+
+
+split_kv_tuned = None if common.INTERPRET else triton.autotune(configs=CONFIGS, key=TUNE_KEY)(split_kv_kernel)
+merge_partials = common.merge           # (o_part, lse_part, o, lse, num_splits): the exercise's merge
+
+
+def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None):
+    """(o, lse) of the last Sq tokens of each sequence against its paged keys and values."""
+    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, head_dims=TRITON_HEAD_DIMS)
+    B, Hq, Sq, D = q.shape
+    page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    G = Hq // Hkv
+    o = torch.empty_like(q)
+    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    if B * Hq * Sq == 0:
+        return o, lse
+    num_splits, split_len = common.split_plan(block_table.shape[1] * page_size, B * Hkv,
+                                              WAVES * common.sm_count(q.device), GRANULE, MAX_SPLITS)
+    direct = num_splits == 1
+    if direct:
+        o_part = lse_part = o           # not read: DIRECT writes o and lse
+    else:
+        o_part = torch.empty((B, Hq, Sq, num_splits, D), device=q.device, dtype=torch.float32)
+        lse_part = torch.empty((B, Hq, Sq, num_splits), device=q.device, dtype=torch.float32)
+    args = (q, k_cache, v_cache, block_table, seq_lens, o_part, lse_part, o, lse, *q.stride()[:3],
+            *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0), *o.stride()[:3],
+            Hq, Sq, page_size, split_len, num_splits, scale * common.LOG2E, triton.next_power_of_2(split_len))
+    meta = dict(G=G, SQ=Sq, ROWS=max(16, triton.next_power_of_2(G * Sq)), D=D, DIRECT=direct,
+                PAGE=page_size if page_size & (page_size - 1) == 0 else 0)
+    grid = (num_splits, B * Hkv)
+    if split_kv_tuned is None:
+        split_kv_kernel[grid](*args, **meta, **INTERPRET_CONFIG)
+    else:
+        split_kv_tuned[grid](*args, **meta)
+    if not direct:
+        merge_partials(o_part, lse_part, o, lse, num_splits)
+    return o, lse
+
+
+if __name__ == "__main__":
+    from facourse.decode import check_paged_decode
+    for case in ("mixed", "page64", "page48", "prefix", "mqa", "spec", "d64"):
+        check_paged_decode(paged_decode, case, seed=0)
