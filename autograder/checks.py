@@ -19,6 +19,7 @@ from facourse import (AttnConfig, check_all, check_attention, check_entry_point,
                       check_softmax_fn, get_config, make_inputs)
 from facourse.backward import check_forward_backward, gradcheck_forward_backward
 from facourse.check import is_collecting
+from facourse.decode import check_paged_bad_inputs, check_paged_decode
 
 from .guards import check_no_caching
 
@@ -108,5 +109,15 @@ def perf_gradients(fn, *, seed, device, config, dtype="float16"):
     check_forward_backward(fn, get_config(config, device), seed=seed, device=device, dtype=dtype_of(dtype))
 
 
+# Step 09: ``fn`` is ``paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None)``.
+def paged(fn, *, seed, device, case, dtype=None, **kw):
+    check_paged_decode(fn, case, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
+
+
+def paged_bad_inputs(fn, *, seed, device):
+    check_paged_bad_inputs(fn, seed=seed, device=device)
+
+
 CHECKS = {f.__name__: f for f in (entry_point, no_caching, all_configs, softmax, merge, padded_strides,
-                                  tile_skipping, perf_correctness, gradients, gradcheck, perf_gradients)}
+                                  tile_skipping, perf_correctness, gradients, gradcheck, perf_gradients,
+                                  paged, paged_bad_inputs)}

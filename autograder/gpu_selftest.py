@@ -15,9 +15,12 @@ the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same pa
    submitted source; the untouched stub must fail that check;
 4. step 08: the exercise's solution (ladder/v2_two_kernel.py loads its cells) on every test of the
    plan; a backward that calls a PyTorch matrix product (the guard must see it on the autograd
-   engine's GPU thread: 0) and a forward that keeps P for the backward (0, "kept").
+   engine's GPU thread: 0) and a forward that keeps P for the backward (0, "kept");
+5. step 09: the exercise's solution (ladder/v3_gqa_packed.py loads its cells) on every test of the
+   plan, the tuned solution (the ladder's) on the perf tests, and a decode that caches its output
+   between calls (timed faster than HBM can deliver K and V: flagged, 0).
 
-`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05, 06, 07, 08 may be named).
+`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05, 06, 07, 08, 09 may be named).
 
 Prints a table, writes ``$OUT/gpu_selftest.json`` (OUT defaults to ./out) and exits 1 when any
 verdict is not the expected one.
@@ -35,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None) -> int:
-    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08"}
+    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08", "09"}
     if not torch.cuda.is_available():
         print("No GPU here: this self-test runs on the GPU grading machine.")
         return 0
@@ -51,7 +54,7 @@ def main(argv=None) -> int:
             ok = want(test, v)
             rows.append({"case": label, "test": test, "points": v.points, "max": v.max_points,
                          "as_expected": bool(ok), "message": v.message[:400],
-                         "perf": {k: v.perf.get(k) for k in ("tflops_student", "tflops_ref", "ratio",
+                         "perf": {k: v.perf.get(k) for k in ("tflops_student", "tflops_ref", "gbps_student", "gbps_ref", "ratio",
                                                              "calibration_ms", "status")} if v.perf else None})
             print(f"{'ok   ' if ok else 'WRONG'} {label:<28} {test:<22} {v.points:g}/{v.max_points:g}  "
                   f"{(v.message or (v.output[-1] if v.output else '')).splitlines()[0][:110] if (v.message or v.output) else ''}",
@@ -64,7 +67,9 @@ def main(argv=None) -> int:
         _step05(expect, J, facourse)
     if "08" in parts:
         _step08(expect, J)
-    if parts - {"05", "08"}:
+    if "09" in parts:
+        _step09(expect, J)
+    if parts & {"06", "07"}:
         _steps06_07(expect, J, parts)
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -188,6 +193,29 @@ def _step08(expect, J):
             return F.apply(q, k, v, bool(causal), scale)
         expect(label, J.run_inprocess(step08, train, ["test_medium"]),
                lambda t, v, says=says: v.points == 0 and says in v.message)
+
+
+def _step09(expect, J):
+    """The exercise's solution on every test; the tuned rung on the perf tests; a cached output flagged."""
+    from benchmarks.ladder import entry_point
+    from facourse.steps import load_step
+
+    step09 = "09_decode_paged_kv"
+    expect("step 09 solution", J.run_inprocess(step09, entry_point("09", "v3_gqa_packed")), _full_marks)
+    perf = [t for t in J.plan_of(step09) if t.startswith("perf_")]
+    expect("step 09 tuned", J.run_inprocess(step09, entry_point("09", load_step("09")["ladder"]["solution"]), perf),
+           _full_marks)
+    sol = entry_point("09", "v3_gqa_packed")
+    cache = {}
+
+    def cached(q, k_cache, v_cache, block_table, seq_lens, scale=None):
+        key = (q.data_ptr(), k_cache.data_ptr(), block_table.data_ptr())
+        if key not in cache:
+            cache[key] = sol(q, k_cache, v_cache, block_table, seq_lens, scale)
+        return cache[key]
+
+    expect("step 09 cached output", J.run_inprocess(step09, cached, perf[:1]),
+           lambda t, v: v.points == 0 and "faster than" in v.message)
 
 
 def _hopper_solution(step: Path):

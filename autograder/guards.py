@@ -317,3 +317,27 @@ def roofline_verdict(tflops: float, gpu_name: str, ceiling: float | None = None)
                 f"{ceiling:.0f} TFLOP/s): the timing cannot be right. Likely causes: work launched on "
                 "another CUDA stream, work skipped, or a result cached between calls")
     return None
+
+
+#: Data-sheet HBM bandwidth (GB/s) of the GPUs a class meets (longest matching key wins).
+PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 80GB HBM3": 3350, "GH200": 4000, "H800": 3350,
+             "H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "B200": 8000, "A100-SXM4-80GB": 2039,
+             "A100 80GB PCIe": 1935, "A100": 1555, "A10G": 600, "A10": 600, "L40S": 864, "L40": 864,
+             "L4": 300, "RTX 4090": 1008, "RTX 3090": 936, "RTX A6000": 768, "V100": 900, "T4": 320}
+
+
+def bandwidth_verdict(gbps: float, gpu_name: str) -> str | None:
+    """None when reading at ``gbps`` is physically possible on ``gpu_name``; else why not. A decode
+    reads every key and value once, so it cannot beat the data-sheet bandwidth (unknown GPUs: 1.5x
+    a device-to-device copy measured here, which counts what it reads and what it writes)."""
+    hits = [k for k in PEAK_GBPS if k.lower() in gpu_name.lower()]
+    if hits:
+        ceiling, source = float(PEAK_GBPS[max(hits, key=len)]), "data-sheet bandwidth"
+    else:
+        from facourse.decode import copy_rate_gbps
+        ceiling, source = 1.5 * copy_rate_gbps(), "1.5x a copy measured here"
+    if gbps > 1.05 * ceiling:
+        return (f"reading K and V at {gbps:.0f} GB/s is faster than {gpu_name}'s memory ({source}: "
+                f"{ceiling:.0f} GB/s): the timing cannot be right. Likely causes: work launched on another "
+                "CUDA stream, keys skipped, or a result cached between calls")
+    return None

@@ -40,13 +40,13 @@ from pathlib import Path
 
 import torch
 
-from facourse import AttentionCheckError
+from facourse import AttentionCheckError, AttentionInputError
 from facourse.bench import MODES
 from facourse.softmax_check import SoftmaxCheckError
 
 from . import wire
 from .checks import CHECKS
-from .guards import CheatDetected, roofline_verdict
+from .guards import CheatDetected, bandwidth_verdict, roofline_verdict
 from .perf import points_for, thresholds
 from .plans import Test, plan_of
 
@@ -55,7 +55,7 @@ CALIBRATION_FACTOR = 1.5
 #: Bytes of outputs one submission may send (the largest plan needs well under a tenth of this):
 #: a kernel that floods the judge cannot exhaust the grading machine's memory.
 RECEIVE_BUDGET = {"cpu": 1 << 30, "cuda": 16 << 30}
-_ERRORS = {c.__name__: c for c in (AttentionCheckError, SoftmaxCheckError, CheatDetected)}
+_ERRORS = {c.__name__: c for c in (AttentionCheckError, SoftmaxCheckError, CheatDetected, AttentionInputError)}
 # The checks print their summary lines; the judge keeps them for the verdict. Swapping sys.stdout
 # is process-wide, so verdicts of concurrent submissions take turns (a verdict takes seconds).
 _STDOUT = threading.Lock()
@@ -307,16 +307,25 @@ class Judge:
             return refuse("flagged", "the timing record holds no numbers")
         if not (t_s > 0 and t_r > 0):
             return refuse("flagged", "the timing record holds a time that is not positive")
-        cfg = get_config(spec["config"], self.device)
         gpu = torch.cuda.get_device_name(self.device)
         mode = spec.get("mode", "forward")
-        flops = cfg.flops() * MODES[mode]
-        tflops_s, tflops_r = flops / (t_s * 1e-3) / 1e12, flops / (t_r * 1e-3) / 1e12
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
-        nums = {"t_student_ms": t_s, "t_ref_ms": t_r, "tflops_student": tflops_s, "tflops_ref": tflops_r,
-                "ratio": t_r / t_s, "backend": t["reference"], "gpu": gpu, "env": {**env, "gpu": gpu},
-                "host_student_us": rec.get("host_student_us"), "host_ref_us": rec.get("host_ref_us")}
-        flag = roofline_verdict(tflops_s, gpu)
+        nums = {"t_student_ms": t_s, "t_ref_ms": t_r, "ratio": t_r / t_s, "backend": t["reference"], "gpu": gpu,
+                "env": {**env, "gpu": gpu}, "host_student_us": rec.get("host_student_us"),
+                "host_ref_us": rec.get("host_ref_us")}
+        if mode == "decode":        # step 09: the rate K and V are read at, against HBM's
+            from facourse.decode import get_decode_case
+            nbytes = get_decode_case(spec["config"], "cuda").kv_bytes(torch.float16)
+            rate_s, rate_r = nbytes / (t_s * 1e-3) / 1e9, nbytes / (t_r * 1e-3) / 1e9
+            nums.update(gbps_student=rate_s, gbps_ref=rate_r)
+            flag = bandwidth_verdict(rate_s, gpu)
+            rates = f"{rate_s:.0f} GB/s of K/V against SDPA {t['reference']} {rate_r:.0f}"
+        else:
+            flops = get_config(spec["config"], self.device).flops() * MODES[mode]
+            tflops_s, tflops_r = flops / (t_s * 1e-3) / 1e12, flops / (t_r * 1e-3) / 1e12
+            nums.update(tflops_student=tflops_s, tflops_ref=tflops_r)
+            flag = roofline_verdict(tflops_s, gpu)
+            rates = f"{tflops_s:.0f} TFLOP/s against SDPA {t['reference']} {tflops_r:.0f}"
         if flag:
             return refuse("flagged", f"Not trusted: {flag}", **nums)
         try:
@@ -332,7 +341,7 @@ class Judge:
                           **nums)
         got = points_for(t_r / t_s, t, max_points)
         what = "" if mode == "forward" else f" ({mode})"
-        line = (f"{spec['config']}{what}: {tflops_s:.0f} TFLOP/s against SDPA {t['reference']} {tflops_r:.0f}: "
+        line = (f"{spec['config']}{what}: {rates}: "
                 f"{t_r / t_s:.2f}x; thresholds min {t['min']} (half the points), target {t['target']} (all): "
                 f"{got:g} of {max_points:g} points")
         return Verdict(got, max_points, got > 0, "" if got > 0 else line, output + [line],
@@ -432,13 +441,16 @@ _CAL_LOCK = threading.Lock()
 def calibration(device: str, config: str, backend: str, mode: str = "forward") -> float:
     """The reference backend's own time (ms) on ``config`` on this GPU, measured once by the judge.
     Raises when it cannot be measured: a perf record is then not accepted (nothing to check it by)."""
-    from facourse import bench_attention, sdpa_reference
+    from facourse import sdpa_reference
+
+    from .perf import bench
 
     key = (device, torch.cuda.get_device_name(device), config, backend, mode)
     with _CAL_LOCK:
         if key not in _CAL:
-            ref, _ = sdpa_reference(backend)
+            # the student's side of this bench: the reference itself (a decode: a call that does nothing)
+            ref = (lambda *a, **k: None) if mode == "decode" else sdpa_reference(backend)[0]
             with torch.cuda.device(device):
-                res = bench_attention(ref, config, backend=backend, dtype=torch.float16, mode=mode)
+                res = bench(ref, config, backend, mode)
             _CAL[key] = res.t_ref_ms
         return _CAL[key]

@@ -1,7 +1,8 @@
-"""Performance grading's rules (steps 05-07): the thresholds and the machine. Grading-only.
+"""Performance grading's rules (steps 05-09): the thresholds and the machine. Grading-only.
 
 A perf cell goes through the judge like every hidden test (``judge.py``): the kernel checks the
-result at full size and times student and reference with ``facourse.bench_attention``; the judge
+result at full size and times student and reference with the course's bench (``bench``: 
+``facourse.bench_attention``, or ``facourse.decode.bench_decode`` for step 09's decode); the judge
 decides with these rules: half the points at the ``min`` ratio of thresholds.toml, all at
 ``target``; and records the machine a grade was measured on (GPU, driver, torch, Triton, CUDA,
 cuDNN) with every perf record.
@@ -23,6 +24,18 @@ def thresholds(step: str, path: Path = THRESHOLDS) -> dict:
         return data["steps"][step]
     except KeyError:
         raise KeyError(f"no thresholds for step {step!r} in {path}") from None
+
+
+def bench(fn, config: str, backend: str, mode: str = "forward"):
+    """The one bench for a perf test's ``mode``: attention ("forward", "backward", "train") in TFLOP/s,
+    or a paged decode ("decode") in GB/s of K and V read; fp16, against SDPA's ``backend``."""
+    import torch
+
+    if mode == "decode":
+        from facourse.decode import bench_decode
+        return bench_decode(fn, config, backend=backend, dtype=torch.float16)
+    from facourse import bench_attention
+    return bench_attention(fn, config, backend=backend, dtype=torch.float16, mode=mode)
 
 
 def points_for(ratio: float, t: dict, points: float) -> float:

@@ -12,6 +12,8 @@ by name, with their keyword arguments; the judge adds a fresh secret seed to eac
 * ``count_flops``: the kernel reports each call's matmul FLOPs (step 04's tile skipping);
 * ``perf``: a timing cell: the check is the correctness half, the kernel's timing is the other;
 * ``sass``: the judge compiles the submitted ``student_kernel.cu`` itself and reads its SASS;
+* ``perf`` with ``"mode": "decode"`` (step 09): timed with ``facourse.decode.bench_decode``, judged
+  in GB/s of K and V read;
 * ``train``: the entry point is a training one (step 08): the check calls it through
   ``facourse.backward.forward_backward`` (one forward, one backward: o, dq, dk, dv and the state
   the forward kept), inside the guard, so the guard covers the backward too.
@@ -198,6 +200,31 @@ def _step08() -> dict[str, Test]:
     return tests
 
 
+def _step09() -> dict[str, Test]:
+    guard = {"allow_softmax": False, "forbid_matmul": True}
+
+    def t(*cases, needs=None, **kw):
+        return Test(tuple(Check("paged", {"case": c, **kw}) for c in cases), guard=guard, needs=needs)
+
+    tests = {
+        "test_mixed": t("mixed", "spec"),
+        "test_page64": t("page64"),
+        "test_page48": t("page48"),
+        "test_prefix": t("prefix"),
+        "test_mqa": t("mqa"),
+        "test_spec": Test((Check("paged", {"case": "spec"}), Check("paged", {"case": "spec", "scale": 0.05})),
+                          guard=guard),
+        "test_d64": t("d64"),
+        "test_bf16": t("mixed", "spec", "page48", needs="gpu", dtype="bfloat16"),
+        "test_bad_inputs": Test((Check("paged_bad_inputs"),), guard=guard),
+    }
+    tests.update({f"perf_{c}": Test((Check("paged", {"case": c, "dtype": "float16"}),), guard=None, needs="gpu",
+                                    perf={"step": "09_decode_paged_kv", "config": c, "capability": None,
+                                          "mode": "decode"})
+                  for c in ("b64_8k_p16", "b16_32k_p64")})
+    return tests
+
+
 PLANS = {
     "01_vanilla_attention": _step01,
     "02_safe_softmax": _step02,
@@ -207,6 +234,7 @@ PLANS = {
     "06_cuda_flash_attention": _step06,
     "07_hopper_flash_attention": _step07,
     "08_backward": _step08,
+    "09_decode_paged_kv": _step09,
 }
 
 

@@ -73,14 +73,16 @@ def _plots(results: list[Result], out: Path) -> dict[str, list[str]]:
             plt.close(fig)
             files[a].append(name)
 
-        perf = [(r.student, p) for r in rs for p in r.perf if p.get("tflops_student") is not None]
+        perf = [(r.student, p) for r in rs for p in r.perf
+                if p.get("tflops_student", p.get("gbps_student")) is not None]
         if perf:
+            key, unit = ("gbps", "GB/s of K and V") if "gbps_student" in perf[0][1] else ("tflops", "TFLOP/s")
             fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 0.35 * len(perf) + 1.5))
             labels = [f"{s} {p.get('config', '').split(' ')[0]}" for s, p in perf]
-            ax1.barh(labels, [p["tflops_student"] for _, p in perf], color="#4c72b0", label="student")
-            ax1.scatter([p.get("tflops_ref", 0) for _, p in perf], labels, color="k", marker="|", s=200,
+            ax1.barh(labels, [p[key + "_student"] for _, p in perf], color="#4c72b0", label="student")
+            ax1.scatter([p.get(key + "_ref", 0) for _, p in perf], labels, color="k", marker="|", s=200,
                         label="reference", zorder=3)
-            ax1.set(xlabel="TFLOP/s", title="throughput")
+            ax1.set(xlabel=unit, title="throughput")
             ax1.legend(loc="lower right", fontsize=8)
             ax1.invert_yaxis()
             ax2.barh(labels, [p.get("ratio", 0) for _, p in perf], color="#dd8452")
@@ -219,11 +221,13 @@ def write_report(results: list[Result], out: Path, machine: dict | None = None) 
                 f"<tr><td>{_e(n)}</td><td>{p} / {g}</td></tr>" for n, (p, g) in rates.items()) + "</table>")
         perf = [(r.student, p) for r in rs for p in r.perf]
         if perf:
-            body.append("<table><tr><th>student</th><th>config</th><th>TFLOP/s</th><th>reference</th>"
+            unit = "GB/s of K/V" if any("gbps_student" in p for _, p in perf) else "TFLOP/s"
+            key = "gbps" if unit != "TFLOP/s" else "tflops"
+            body.append(f"<table><tr><th>student</th><th>config</th><th>{unit}</th><th>reference</th>"
                         "<th>ratio</th><th>points</th><th>note</th></tr>" + "".join(
                             f"<tr><td>{_e(s)}</td><td>{_e(p.get('config', ''))}</td>"
-                            f"<td>{_e(_num(p.get('tflops_student')))}</td>"
-                            f"<td>{_e(_num(p.get('tflops_ref')))} ({_e(p.get('backend', ''))})</td>"
+                            f"<td>{_e(_num(p.get(key + '_student')))}</td>"
+                            f"<td>{_e(_num(p.get(key + '_ref')))} ({_e(p.get('backend', ''))})</td>"
                             f"<td>{_e(_num(p.get('ratio'), 2))}</td><td>{_e(p.get('points', ''))}</td>"
                             f"<td>{_e(p.get('flag') or p.get('status', ''))}</td></tr>" for s, p in perf)
                         + "</table>")

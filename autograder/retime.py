@@ -79,11 +79,21 @@ def retime(folder: Path, assignment: str) -> int:
     fn = ns[exercise["entry_point"]]
     backend = thresholds(assignment)["reference"]
     for name in configs:
-        res = bench_attention(fn, name, backend=backend, dtype=torch.float16, mode=mode)
-        cfg = get_config(name, "cuda")
-        from facourse import make_inputs
-        q, k, v = make_inputs(cfg, 0, "cuda", torch.float16, "bshd")
-        call = timed_call(fn, q, k, v, torch.randn_like(q), cfg.causal, mode)   # what the bench timed
+        if mode == "decode":                  # step 09: the paged decode, timed as its perf cell times it
+            from facourse.decode import bench_decode, get_decode_case, make_paged_inputs
+            res = bench_decode(fn, name, backend=backend)
+            inputs = make_paged_inputs(get_decode_case(name, "cuda"), 0, "cuda", torch.float16)
+            call = lambda: fn(*inputs)      # noqa: E731
+            work, unit = get_decode_case(name, "cuda").kv_bytes(torch.float16) / 1e9, "GB/s of K/V"
+            rate = f"{res.gbps_student:.0f} {unit}"
+        else:
+            res = bench_attention(fn, name, backend=backend, dtype=torch.float16, mode=mode)
+            cfg = get_config(name, "cuda")
+            from facourse import make_inputs
+            q, k, v = make_inputs(cfg, 0, "cuda", torch.float16, "bshd")
+            call = timed_call(fn, q, k, v, torch.randn_like(q), cfg.causal, mode)   # what the bench timed
+            work, unit = cfg.flops() * MODES[mode] / 1e12, "TFLOP/s"
+            rate = f"{res.tflops_student:.0f} {unit}"
         call()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -91,9 +101,8 @@ def retime(folder: Path, assignment: str) -> int:
                 call()
             torch.cuda.synchronize()
         gpu_us = sum(e.device_time_total for e in prof.key_averages()) / 5
-        flops = cfg.flops() * MODES[mode]
         print(f"{name}{'' if mode == 'forward' else f' ({mode})'}: bench {res.t_student_ms:.3f} ms "
-              f"({res.tflops_student:.0f} TFLOP/s), reference {backend} {res.t_ref_ms:.3f} ms, ratio {res.ratio:.2f}x; "
+              f"({rate}), reference {backend} {res.t_ref_ms:.3f} ms, ratio {res.ratio:.2f}x; "
               f"the GPU's own kernel record: {gpu_us / 1000:.3f} ms of kernels per call "
-              f"({flops / (gpu_us * 1e-6) / 1e12:.0f} TFLOP/s)")
+              f"({work / (gpu_us * 1e-6):.0f} {unit})")
     return 0

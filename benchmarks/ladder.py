@@ -3,7 +3,7 @@
     PYTHONPATH=src:. python -m benchmarks.ladder STEP [--only RUNGS] [--quick] [--out DIR]
     PYTHONPATH=src:. python -m benchmarks.ladder 06 --sanitize [--only v6_fa2_tiles_lazy] [--checks small,ragged]
 
-STEP is 05, 06, 07 or 08; what it runs comes from solutions/NN_*/step.toml (facourse.steps):
+STEP is 05, 06, 07, 08 or 09; what it runs comes from solutions/NN_*/step.toml (facourse.steps):
 - the solution rung: checked (facourse.check_entry_point, with lse) on the five configurations
   and every edge case in fp16 and bf16, then timed with facourse.bench_attention against SDPA's
   FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends on the five, `long` and the manifest's sweep
@@ -14,6 +14,11 @@ Step 08's manifest says `mode = "backward"`: its rungs are training entry points
 gradients (facourse.backward.check_gradients) and timed by their backward alone
 (facourse.bench_attention mode="backward", FLOPs 2.5x the forward's); the solution is also timed
 forward + backward (mode="train": rows marked "mode": "train") on `large`, `long` and the sweep.
+Step 09's manifest says `mode = "decode"`: its rungs are paged decodes, checked on the cases of
+facourse.decode (check_paged_decode; the solution on every case in fp16 and bf16) and timed with
+facourse.decode.bench_decode on its perf cases (B x seq_len of 64 x 8k, 16 x 32k, 1 x 128k, pages of
+16 and 64) against SDPA on the same K/V stored contiguously; rows report GB/s of K/V read and the
+fraction of a device-to-device copy's rate (env "copy_gbps", measured once per run).
 Triton rungs are loaded from their file; CUDA rungs are built with facourse.cuda_build's
 load_cuda_extension (rung .cu + the step's fa_binding.cpp; sm_90a for step 07), all at once in a
 process pool. Each rung then runs in its own process under --timeout (a hung kernel costs that
@@ -55,6 +60,9 @@ SCHEMA = 1
 #  "rows": [{rung, config, dtype, kind: "check", check: "ok"|"error", error?}
 #           {rung, config, dtype, kind: "bench", ref_backend, tflops, tflops_ref, ratio, ms, ms_ref,
 #            host_us, host_ref_us, mode?: "train"} or {..., kind: "bench", ref_backend, error}]}
+# A decode step ("mode": "decode") has "copy_gbps" in env and bench rows
+#           {rung, config, dtype, kind: "bench", ref_backend, gbps, gbps_ref, copy_fraction, ratio, ms, ms_ref,
+#            host_us, host_ref_us}
 DTYPES = ("float16", "bfloat16")
 #: Configurations a rung may name besides facourse.configs': v1 of step 05 holds one tile (Skv <= 256).
 EXTRA_CONFIGS = {"one_tile": AttnConfig("one_tile", 8, 32, 8, 128, 128, 128, True)}
@@ -164,11 +172,20 @@ def plan(m: dict, name: str, quick: bool, checks: list[str] | None = None) -> tu
     dtypes = DTYPES[:1] if quick or not gpu else DTYPES
     r = rung(m, name)
     explicit = checks is not None
+    decode = m["exercise"].get("mode") == "decode"
+    if checks is None and decode:
+        from facourse.decode import DECODE_CASES
+        checks = list(DECODE_CASES) if sol else [r.get("check", "mixed")]
     if checks is None:
         checks = [*CONFIGS, *EDGE_CASES] if sol else [r.get("check", "large")]
     cks = [(c, dt) for dt in (dtypes if sol or explicit else DTYPES[:1]) for c in checks]
     if not gpu:
         return cks, []
+    if decode:
+        from facourse.decode import PERF_DECODE_CASES
+        cases = list(PERF_DECODE_CASES) if sol else r.get("bench", [])
+        bes = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"] if sol else [m["reference"]["backend"]]
+        return cks, [(PERF_DECODE_CASES[c], "float16", be) for c in cases for be in bes]
     bds = [(cfg, dt, be) for dt in (dtypes if sol else DTYPES[:1]) for cfg in bench_configs(m, r, quick)
            for be in backends(m, sol)]
     return cks, bds
@@ -181,6 +198,7 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
 
     from facourse import bench_attention, check_entry_point
     from facourse.backward import check_gradients
+    from facourse.decode import bench_decode, check_paged_decode
     res: dict = {"rows": []}
     mode = m["exercise"].get("mode", "forward")
     save = lambda: out.write_text(json.dumps(res))  # noqa: E731
@@ -194,6 +212,8 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
             cfg = config(cname) if cname in EXTRA_CONFIGS else cname
             if mode == "backward":
                 check_gradients(fn, cfg, device=dev, dtype=getattr(torch, dt), verbose=False)
+            elif mode == "decode":
+                check_paged_decode(fn, cname, device=dev, dtype=getattr(torch, dt), verbose=False)
             else:
                 check_entry_point(fn, cfg, device=dev, dtype=getattr(torch, dt), expect_lse=True, verbose=False)
             row["check"] = "ok"
@@ -208,6 +228,8 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
     if not all(r["check"] == "ok" for r in res["rows"]):
         print(f"  {name}: a check failed, not timed", flush=True)
         return
+    if mode == "decode":
+        return _bench_decode(fn, name, bds, res, save, bench_decode)
     for _ in range(2):   # discarded: the first timings of a fresh GPU read slow while its clocks rise
         bench_attention(fn, bds[0][0], backend=bds[0][2], mode=mode)
     if mode == "backward" and name == m["ladder"]["solution"]:   # forward + backward too, against FA2
@@ -233,6 +255,32 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
         save()
 
 
+def _bench_decode(fn, name, bds, res, save, bench_decode) -> None:
+    """Step 09's timing: GB/s of K and V read, against SDPA on contiguous K/V, and the copy rate."""
+    from facourse.decode import copy_rate_gbps
+    copy = res["copy_gbps"] = copy_rate_gbps()
+    bench_decode(fn, bds[0][0], backend=bds[0][2])     # discarded: clocks rising, autotuning
+    for case, dt, be in bds:
+        row = {"rung": name, "config": case.name, "dtype": dt, "kind": "bench"}
+        t0 = time.time()
+        try:
+            b = bench_decode(fn, case, backend=be)
+            row.update(ref_backend=b.backend, gbps=b.gbps_student, gbps_ref=b.gbps_ref, ratio=b.ratio,
+                       copy_fraction=b.gbps_student / copy, ms=b.t_student_ms, ms_ref=b.t_ref_ms,
+                       host_us=b.host_student_us, host_ref_us=b.host_ref_us)
+            print(f"  {name:>24} {case.name:>12} {b.gbps_student:6.0f} GB/s ({b.gbps_student / copy:.0%} of a copy) vs "
+                  f"{b.backend[:15]:<15} {b.gbps_ref:6.0f} GB/s  x{b.ratio:.2f}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            row.update(ref_backend=be, error=f"{type(e).__name__}: {e}"[:500])
+        row["seconds"] = round(time.time() - t0, 2)
+        res["rows"].append(row)
+        save()
+    tuned = [v for v in getattr(fn, "__globals__", {}).values() if hasattr(v, "cache") and hasattr(v, "configs")]
+    if tuned:
+        res["autotune"] = {str(k): str(v) for t in tuned for k, v in t.cache.items()}
+        save()
+
+
 # ---------------------------------------------------------------------------- the run
 def gpu_tag(gpu: str) -> str:
     found = re.search(r"\b([A-Z]\d{2,3})\b", gpu)
@@ -254,12 +302,14 @@ def table(d: dict) -> str:
         if r["kind"] == "bench" and "ratio" in r:
             cname = r["config"] + (" f+b" if r.get("mode") == "train" else "")
             by.setdefault((r["rung"], cname, r["dtype"]), {})[r["ref_backend"][:15]] = r
+    unit, key = ("GB/s", "gbps") if d.get("mode") == "decode" else ("TFLOP/s", "tflops")
     if by:
-        lines.append(f"{'rung':>22} {'config':>14} {'dtype':>8} {'TFLOP/s':>7}  vs reference: ratio (ref TFLOP/s)")
+        lines.append(f"{'rung':>22} {'config':>14} {'dtype':>8} {unit:>7}  vs reference: ratio (ref {unit})")
     for (name, cname, dt), d2 in by.items():
         first = next(iter(d2.values()))
-        refs = "  ".join(f"{be}: {r['ratio']:.2f}x ({r['tflops_ref']:.0f})" for be, r in d2.items())
-        lines.append(f"{name:>22} {cname:>14} {dt:>8} {first['tflops']:7.0f}  {refs}")
+        refs = "  ".join(f"{be}: {r['ratio']:.2f}x ({r[key + '_ref']:.0f})" for be, r in d2.items())
+        copy = f" ({first['copy_fraction']:.0%} of a copy)" if "copy_fraction" in first else ""
+        lines.append(f"{name:>22} {cname:>14} {dt:>8} {first[key]:7.0f}{copy}  {refs}")
     return "\n".join(lines)
 
 
@@ -370,6 +420,8 @@ def main(argv=None) -> int:
             d["rows"] += w["rows"]
             if "autotune" in w:
                 d["rungs"][n]["autotune"] = w["autotune"]
+            if "copy_gbps" in w:
+                d["env"]["copy_gbps"] = w["copy_gbps"]
             tmp.unlink()
         save()
     print("\n" + table(d))

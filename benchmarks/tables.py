@@ -56,7 +56,7 @@ def latest(step: str) -> tuple[str, dict]:
 def measured() -> dict:
     """course/results/measured.json: what the lectures show, from the committed results."""
     out = {}
-    for step in ("05", "06", "07", "08"):
+    for step in ("05", "06", "07", "08", "09"):
         try:
             name, d = latest(step)
         except FileNotFoundError:
@@ -170,6 +170,8 @@ TABLES = {
     "step08_ladder": lambda: R.ladder_table(_m("08")),
     "step08_bar": lambda: R.bar_table(_m("08")),
     "step08_train": lambda: R.solution_table(_m("08"), train=True),
+    "step09": lambda: R.decode_table(_m("09")),
+    "step09_source": lambda: source("09"),
 }
 
 

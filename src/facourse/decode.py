@@ -175,22 +175,24 @@ def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=No
         if b > 0 and case.shared_prefix and L >= case.shared_prefix:
             table[b, :shared] = table[0, :shared]
             start = shared
-        for i in range(start, n):
-            table[b, i] = perm[nxt]
-            nxt += 1
+        table[b, start:n] = perm[nxt:nxt + n - start].to(torch.int32)
+        nxt += n - start
     kv_shape = (num_pages, ps, case.Hkv, case.D)
-    k_cache = torch.full(kv_shape, float("nan"), dtype=torch.float32)
-    v_cache = torch.full(kv_shape, float("nan"), dtype=torch.float32)
+    gd = g if device.type == "cpu" else torch.Generator(device).manual_seed(seed)   # big caches: drawn where they live
+    k_cache = torch.randn(kv_shape, generator=gd, device=device)
+    v_cache = torch.randn(kv_shape, generator=gd, device=device)
+    owned = torch.zeros(num_pages, ps, dtype=torch.bool)            # rows that hold a token
     for b, L in enumerate(case.seq_lens):
-        for i in range(pages_needed(L, ps)):
-            p = int(table[b, i])
-            rows = min(ps, L - i * ps)
-            if b > 0 and i < shared and L >= case.shared_prefix:
-                continue                                        # sequence 0 wrote this page
-            k_cache[p, :rows] = torch.randn(rows, case.Hkv, case.D, generator=g)
-            v_cache[p, :rows] = torch.randn(rows, case.Hkv, case.D, generator=g)
+        n = pages_needed(L, ps)
+        if n:
+            pages = table[b, :n].long()
+            owned[pages[:-1]] = True
+            owned[pages[-1], :L - (n - 1) * ps] = True
+    owned = owned.to(device)
+    k_cache[~owned] = float("nan")
+    v_cache[~owned] = float("nan")
     q = torch.randn(B, case.Sq, case.Hq, case.D, generator=g).to(device=device, dtype=dtype).transpose(1, 2)
-    return PagedInputs(q, k_cache.to(device=device, dtype=dtype), v_cache.to(device=device, dtype=dtype),
+    return PagedInputs(q, k_cache.to(dtype), v_cache.to(dtype),
                        table.to(device), torch.tensor(case.seq_lens, dtype=torch.int32, device=device))
 
 
@@ -418,9 +420,10 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
                      "merge of splits that all saw no key must give 0, not 0/0")
         else:
             cause = ("the K/V rows past seq_len, the padding entries of the block table and the pages no "
-                     "sequence owns all hold NaN here: a load that is not masked reads them. Mask K and V loads "
-                     "with (key index < seq_len) and other=0.0, and never follow a block-table entry past the "
-                     "sequence's last page")
+                     "sequence owns all hold NaN here: a load that is not masked, or a page that is not "
+                     "block_table[b, t // page_size], reads them. Mask K and V loads with (key index < seq_len) "
+                     "and other=0.0, find token t in row t % page_size of page block_table[b, t // page_size], "
+                     "and never follow a block-table entry past the sequence's last page")
         raise AttentionCheckError(f"{tag} o has NaN or inf in sequences {seqs(nonfinite)}.\n  likely cause: {cause}")
     if bool((o64.abs().amax(-1)[empty] > 0).any()):
         hint = (" With Sq > 1 the new tokens are the last Sq of the sequence (bottom-right causal): query i of a "
@@ -491,6 +494,56 @@ def check_paged_decode(fn, case: str | DecodeCase = "mixed", *, seed: int | None
     if verbose and not is_collecting():
         print(f"[{c.name}] passed: max|o-ref| {rep['max_abs_err']:.2e} (allowed {rep['allowed']:.2e}), "
               f"lse err {rep['lse_err']:.2e}")
+
+
+def bad_paged_inputs(seed: int = 0, device=None) -> list[tuple[str, tuple]]:
+    """(what is wrong, arguments) pairs that break the contract in one way each."""
+    device = resolve_device(device)
+    base = get_decode_case("mixed", device)
+    c = DecodeCase("bad_inputs", (40, 17, 5), base.Hq, base.Hkv, base.D, 1, 16)
+    q, kc, vc, table, lens = make_paged_inputs(c, seed, device)
+    too_long = lens.clone()
+    too_long[0] = table.shape[1] * c.page_size + 1          # one token more than row 0 has pages for
+    bad_id = table.clone()
+    bad_id[0, 0] = kc.shape[0]                               # one past the last page
+    return [("the same batch, valid", (q, kc, vc, table, lens)),
+            ("a block table too short for seq_lens", (q, kc, vc, table, too_long)),
+            ("a page id out of range", (q, kc, vc, bad_id, lens)),
+            ("an int64 block table", (q, kc, vc, table.long(), lens)),
+            ("float seq_lens", (q, kc, vc, table, lens.float()))]
+
+
+def check_paged_bad_inputs(fn, *, seed: int | None = None, device=None, verbose: bool = True) -> None:
+    """``fn`` computes the valid batch of ``bad_paged_inputs`` right, and each of its broken variants
+    makes ``fn`` raise :class:`AttentionInputError` (what ``validate_paged_inputs`` raises), with a
+    message, before any kernel reads out of bounds."""
+    seed = secrets.randbits(31) if seed is None else seed
+    (_, valid), *bad = bad_paged_inputs(seed, device)
+    with nan_filled_allocations(device):
+        result = fn(*valid)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise AttentionCheckError(f"[bad_inputs] the function must return a pair (o, lse), got {type(result).__name__}")
+    check_paged_result(result[0], result[1], PagedInputs(*valid), config="bad_inputs, the valid batch", seed=seed)
+    for what, args in bad:
+        try:
+            fn(*args)
+        except AttentionInputError as err:
+            if not is_collecting() and not str(err).strip():
+                raise AttentionCheckError(f"[bad_inputs] {what}: the error says nothing; say what is wrong") from None
+            if verbose and not is_collecting():
+                print(f"[bad_inputs] {what}: {err}")
+            continue
+        except Exception as err:               # noqa: BLE001 (any other error is the finding)
+            if is_collecting():
+                continue
+            raise AttentionCheckError(
+                f"[bad_inputs] {what}: the call raised {type(err).__name__} ({str(err)[:200]}), not "
+                "AttentionInputError.\n  likely cause: call facourse.decode.validate_paged_inputs(...) first "
+                "in paged_decode") from None
+        if not is_collecting():
+            raise AttentionCheckError(
+                f"[bad_inputs] {what}: the call returned instead of raising AttentionInputError.\n  likely "
+                "cause: call facourse.decode.validate_paged_inputs(...) first in paged_decode")
 
 
 # ----------------------------------------------------------------------------- the bench
@@ -585,5 +638,5 @@ def copy_rate_gbps(nbytes: int = 1 << 30, rounds: int = 20) -> float:
 
 __all__ = ["DecodeCase", "DECODE_CASES", "CPU_DECODE_CASES", "PERF_DECODE_CASES", "GRADED_DECODE_CASES",
            "PagedInputs", "make_paged_inputs", "gather_kv", "paged_reference", "validate_paged_inputs",
-           "check_paged_result", "check_paged_decode", "sdpa_decode", "bench_decode", "copy_rate_gbps",
+           "check_paged_result", "check_paged_decode", "bad_paged_inputs", "check_paged_bad_inputs", "sdpa_decode", "bench_decode", "copy_rate_gbps",
            "get_decode_case", "decode_profile", "pages_needed"]

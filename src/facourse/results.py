@@ -34,7 +34,8 @@ def load(step: str, path: Path | str | None = None) -> dict | None:
 
 def compact(d: dict, source: str) -> dict:
     """What a lecture needs of a full results file: its header, check counts and bench rows."""
-    keep = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio", "mode")
+    keep = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio", "mode", "gbps", "gbps_ref",
+            "copy_fraction")
     checks: dict = {}
     for r in d["rows"]:
         if r["kind"] == "check":
@@ -69,9 +70,10 @@ def _span(xs: list[float]) -> str:
 
 def header(d: dict) -> str:
     e = d["env"]
-    what = "; the backward timed (FLOPs: 2.5x the forward's)" if d.get("mode") == "backward" else ""
+    what = {"backward": "; the backward timed (FLOPs: 2.5x the forward's)",
+            "decode": "; a decode's rate is the bytes of K and V it must read over its time"}.get(d.get("mode"), "")
     return (f"{e['gpu']}, {e['date']}, torch {e['torch']}, CUDA {e['cuda']}, cuDNN {e['cudnn']}"
-            + (f", Triton {e['triton']}" if d["step"] in ("05", "08") else "") + f"; timing: {d['timing']}{what}")
+            + (f", Triton {e['triton']}" if d["step"] in ("05", "08", "09") else "") + f"; timing: {d['timing']}{what}")
 
 
 def solution_table(d: dict, train: bool = False) -> str:
@@ -107,6 +109,27 @@ def ladder_table(d: dict) -> str:
             by = {r["ref_backend"]: r for r in rs}
             out.append(f"| {n if i == 0 else ''} | {f'{ok}/{total}' if i == 0 else ''} | {c} | {rs[0]['tflops']:.0f} | "
                        + " | ".join(_x(by[b]["ratio"]) if b in by else "—" for b in backends) + " |")
+    return "\n".join(out)
+
+
+def decode_table(d: dict) -> str:
+    """Step 09: every rung on its perf cases (fp16): GB/s of K and V read, the fraction of a
+    device-to-device copy's rate, and the ratio to each SDPA backend on the same K/V stored contiguously."""
+    backends = list(dict.fromkeys(r["ref_backend"] for r in d["rows"]))
+    copy = d["env"].get("copy_gbps")
+    copy = f" ({copy:.0f} GB/s)" if copy else ""
+    out = [f"| rung | checks | case | GB/s | of a copy{copy} | "
+           + " | ".join(f"vs {b} (GB/s)" for b in backends) + " |", "|---|---|---|---|---|" + "---|" * len(backends)]
+    rungs = [d["solution"]] + [n for n in d["rungs"] if n != d["solution"]]
+    for n in rungs:
+        ok, total = d["checks"].get(n, (0, 0))
+        for i, c in enumerate(dict.fromkeys(r["config"] for r in bench(d, n))):
+            by = {r["ref_backend"]: r for r in bench(d, n, c)}
+            first = next(iter(by.values()))
+            cells = " | ".join(f"{_x(by[b]['ratio'])} ({by[b]['gbps_ref']:.0f})" if b in by else "—" for b in backends)
+            frac = f"{first['copy_fraction']:.0%}" if "copy_fraction" in first else "—"
+            out.append(f"| {n if i == 0 else ''} | {f'{ok}/{total}' if i == 0 else ''} | {c} | {first['gbps']:.0f} | "
+                       f"{frac} | {cells} |")
     return "\n".join(out)
 
 
