@@ -319,7 +319,8 @@ class Judge:
             rate_s, rate_r = nbytes / (t_s * 1e-3) / 1e9, nbytes / (t_r * 1e-3) / 1e9
             nums.update(gbps_student=rate_s, gbps_ref=rate_r)
             flag = bandwidth_verdict(rate_s, gpu)
-            rates = f"{rate_s:.0f} GB/s of K/V against SDPA {t['reference']} {rate_r:.0f}"
+            ref = t["reference"] if t["reference"] != "FASTEST" else f"fastest ({rec.get('backend', '?')})"
+            rates = f"{rate_s:.0f} GB/s of K/V against SDPA {ref} {rate_r:.0f}"
         else:
             flops = get_config(spec["config"], self.device).flops() * MODES[mode]
             tflops_s, tflops_r = flops / (t_s * 1e-3) / 1e12, flops / (t_r * 1e-3) / 1e12

@@ -184,7 +184,8 @@ def plan(m: dict, name: str, quick: bool, checks: list[str] | None = None) -> tu
     if decode:
         from facourse.decode import PERF_DECODE_CASES
         cases = list(PERF_DECODE_CASES) if sol else r.get("bench", [])
-        bes = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"] if sol else [m["reference"]["backend"]]
+        from facourse.decode import DECODE_BACKENDS
+        bes = list(DECODE_BACKENDS) if sol else [m["reference"]["backend"]]
         return cks, [(PERF_DECODE_CASES[c], "float16", be) for c in cases for be in bes]
     bds = [(cfg, dt, be) for dt in (dtypes if sol else DTYPES[:1]) for cfg in bench_configs(m, r, quick)
            for be in backends(m, sol)]

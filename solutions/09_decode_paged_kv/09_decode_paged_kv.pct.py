@@ -61,7 +61,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # rule, sequence by sequence: no worse than twice PyTorch's own error in the same dtype, relative
 # error below 1%. Speed (4 points, GPU only): your decode's time on two long batches (64 sequences
 # of 8k tokens with pages of 16; 16 of 32k with pages of 64; GQA 32/8, D = 128, fp16) against SDPA
-# on the same keys and values stored contiguously (its cuDNN backend), half the points at a `min`
+# on the same keys and values stored contiguously (its fastest backend on the grading GPU), half the points at a `min`
 # fraction of its speed, all at a `target` (the instructor's thresholds file sets both). While
 # graded your functions may not call PyTorch's attention or its matrix products. Without a GPU the
 # kernels run in Triton's interpreter on small sizes (float32), and the speed cells score 0.
