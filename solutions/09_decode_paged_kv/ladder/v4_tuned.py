@@ -1,5 +1,5 @@
-"""v4: v3 tuned for memory bandwidth on an H100 (sm_90): more splits where the grid is small,
-page-aware tiles, unmasked tiles away from the sequence's end, autotuned tiles and warps, and no
+"""v4: v3 tuned for memory bandwidth on an H100 (sm_90): autotuned tiles and warps, more splits
+where the grid is small, page-aware tiles, unmasked tiles away from the sequence's end, and no
 merge at all when one split suffices.
 
 v4 verdict: not measured yet.
@@ -8,36 +8,45 @@ Decode reads every key and value once and does ~2 FLOPs per byte: its time is th
 divided by the bandwidth the kernel reaches, so every choice below is about keeping enough loads in
 flight on every SM, and issuing as few instructions per byte as possible.
 
+* Autotuned (GPU only) over 8 configurations (CONFIGS: BLOCK_N 32/64/128, num_warps 2/4,
+  num_stages 1-4), keyed on the page size, D, the packed rows (ROWS >= G * Sq), DIRECT and the split
+  length rounded up to a power of two, so that a new batch of the same kind reuses its tuning; a
+  key tunes in about a second once compiled. This is the choice that matters most: with 16 packed
+  rows (GQA 32/8 pads 4 rows to 16) the tensor-core work is tiny, and 2 warps per program with 2-3
+  stages of cp.async loads in flight let more programs share an SM than v3's fixed 4 warps and 3
+  stages of 64 keys. num_stages 1 (no shared-memory pipeline; latency hidden by occupancy alone)
+  wins some long single-sequence shapes. The interpreter runs one configuration
+  (INTERPRET_CONFIG), no tuning; FORCE_CONFIG skips the tuner (for sweeps).
 * Splits (common.split_plan, WAVES = 4): about 4 * SMs programs over the B * Hkv groups (GQA-packed,
   as in v3), rounded, at most 64 splits. B = 1, Hkv = 8 at 128k: 64 splits of 2048 keys, 512
-  programs, ~4 CTAs per SM at once, so each SM has several tiles' worth of loads outstanding while
-  its other CTAs compute; B = 16 at 32k (128 groups): 4 splits; B = 64 at 8k (512 groups, already
-  ~4 per SM): 1 split. v3's 2 * SMs target gives one wave, whose loads cannot hide DRAM latency at
-  small B * Hkv, and whose ragged tail idles SMs.
+  programs, several per SM at once, so each SM has loads outstanding while its other programs
+  compute; B = 16 at 32k (128 groups): 4 splits; B = 64 at 8k (512 groups, already ~4 per SM): 1.
 * No merge when num_splits == 1 (DIRECT): the split kernel normalises and writes o and lse itself,
   saving a launch and the float32 partial states (the large-batch cases). Otherwise the partial
   states go to the exercise's merge kernel (common.merge: the same as v2's and v3's).
 * Split boundaries are multiples of 128 keys (GRANULE, the largest BLOCK_N), so that the autotuner
   can pick any BLOCK_N without changing the split plan, and a tile never straddles a split.
-* Page-aware tiles when page_size is a power of two (PAGE, a constexpr): a tile starts at a
-  multiple of BLOCK_N, so with page_size >= BLOCK_N it lies inside one page: one table entry (a
-  scalar load) gives the page and its rows are consecutive; with page_size < BLOCK_N it covers
-  BLOCK_N / page_size whole pages: that many table entries, each serving page_size rows (a
-  [pages, page_size] offset block, flattened). Either way the table is read once per page, not once
-  per key, and the row arithmetic is shifts and masks. A page size that is no power of two (48)
-  falls back to v3's per-row gather (one entry per key, a division per key).
+* Page-aware tiles when page_size is a power of two (PAGE, a constexpr). A tile starts at a multiple
+  of BLOCK_N, so with page_size >= BLOCK_N it lies inside one page: one table entry (a scalar load)
+  gives the page and its rows are consecutive, a base plus a stride. With page_size < BLOCK_N each
+  key still names its entry (key >> log2(page_size), row = key & (page_size - 1): a shift and a mask,
+  not a division), and the page_size keys of a page read the same entry, which the load unit
+  broadcasts. A page size that is no power of two (48) keeps v3's division per key. (Building the
+  tile from BLOCK_N / page_size entries and a tl.reshape of [pages, page_size] offsets was tried:
+  15% slower at pages of 16 on an H100, the reshape costs a layout conversion per tile.)
 * Unmasked tiles: a tile entirely below both the split's end and seq_len - Sq + 1 is visible to
-  every row: its table and K/V loads carry no mask and its scores no causal `where`. Only the last
-  one or two tiles of a split (the sequence's end, the Sq - 1 causal keys) are masked. Loads are
-  still never issued past seq_len: NaN rows stay unread.
+  every row: its table and K/V loads carry no mask and its scores no causal `where` or -inf guard.
+  Only the last one or two tiles of a split (the sequence's end, the Sq - 1 causal keys) are
+  masked. Loads are still never issued past seq_len: NaN rows stay unread.
 * exp2 with the scale folded in: scores are multiplied once by scale * log2(e), and the online
   softmax and the partial LSE are in base 2 (one ex2 per element, no extra multiply).
-* Autotuned (GPU only): BLOCK_N 32/64/128, num_warps 2/4/8, num_stages 2-4, 8 configurations
-  (CONFIGS), keyed on the page size, D, the packed rows (G * Sq), DIRECT, and the split length
-  rounded to a power of two, so a new batch shape of the same kind reuses its tuning; a key takes a
-  few seconds to tune. Deep pipelines (num_stages) keep the next tiles' loads in flight while a tile
-  is reduced; small BLOCK_N with more stages suits pages of 16, large BLOCK_N fewer, bigger loads.
-  The interpreter runs one configuration (INTERPRET_CONFIG), no tuning.
+
+What a first sweep showed (H100 80GB HBM3, fp16, GQA 32/8, D = 128, triton.testing.do_bench, L2
+flushed; the ladder's own measurement is benchmarks/ladder.py's): the tile configuration is worth
+up to 20% (v3's 64 keys, 4 warps, 3 stages: 0.87 ms on 64 x 8k with pages of 16; 64 keys, 2 warps,
+3 stages: 0.70-0.72 ms, as fast as cuDNN on contiguous K/V), the split count within 2% between 2 and
+8 waves, and page-aware tiles within 1% of the per-key lookup: the table is small and cached, the
+bytes of K and V are all that count.
 
 Run on its own:  python v4_tuned.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
@@ -65,9 +74,11 @@ MAX_SPLITS = 64
 GRANULE = 128          # split boundaries: multiples of the largest BLOCK_N
 
 CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in (
-    (32, 2, 4), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 8, 2))]
+    (32, 2, 3), (32, 2, 4), (64, 2, 1), (64, 2, 2), (64, 2, 3), (64, 4, 1), (64, 4, 2), (128, 4, 3))]
 INTERPRET_CONFIG = {"BLOCK_N": 128}     # fewer, larger NumPy operations in the interpreter
 TUNE_KEY = ["PAGE", "D", "ROWS", "DIRECT", "split_bucket"]
+FORCE_CONFIG = None    # a dict {"BLOCK_N", "num_warps", "num_stages"}: skip the autotuner (tuning scripts)
+PAGE_AWARE = True      # False: v3's per-key gather for every page size (for comparison)
 
 
 @triton.jit
@@ -80,28 +91,22 @@ def _tile(q, m_i, l_i, acc, K, V, TABLE, tb, n0, end, L, kvh, tok,
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     inside = offs_n < end
-    if PAGE == 0:                       # no power of two: one table entry per key (v3's gather)
-        if MASKED:
-            page = tl.load(TABLE + tb + offs_n // page_size, mask=inside, other=0).to(tl.int64)
-        else:
-            page = tl.load(TABLE + tb + offs_n // page_size).to(tl.int64)
-        row = offs_n % page_size
-        k_off = page * skp + row * skr
-        v_off = page * svp + row * svr
-    elif PAGE >= BLOCK_N:               # the tile lies in one page: one entry, consecutive rows
+    if PAGE >= BLOCK_N:                 # the tile lies in one page: one entry, consecutive rows
         page = tl.load(TABLE + tb + n0 // PAGE).to(tl.int64)   # n0 < end <= L: a page of the sequence
         row = n0 % PAGE + tl.arange(0, BLOCK_N)
-        k_off = page * skp + row * skr
-        v_off = page * svp + row * svr
-    else:                               # BLOCK_N // PAGE whole pages: one entry serves PAGE rows
-        ent = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
+    else:                               # one entry per key: PAGE keys read the same entry (broadcast)
+        if PAGE == 0:                   # no power of two: a division per key
+            ent = offs_n // page_size
+            row = offs_n % page_size
+        else:                           # a power of two: a shift and a mask per key
+            ent = offs_n // PAGE
+            row = offs_n % PAGE
         if MASKED:
-            pages = tl.load(TABLE + tb + ent, mask=ent * PAGE < end, other=0).to(tl.int64)
+            page = tl.load(TABLE + tb + ent, mask=inside, other=0).to(tl.int64)
         else:
-            pages = tl.load(TABLE + tb + ent).to(tl.int64)
-        row = tl.arange(0, PAGE)
-        k_off = tl.reshape(pages[:, None] * skp + row[None, :] * skr, [BLOCK_N])
-        v_off = tl.reshape(pages[:, None] * svp + row[None, :] * svr, [BLOCK_N])
+            page = tl.load(TABLE + tb + ent).to(tl.int64)
+    k_off = page * skp + row * skr
+    v_off = page * svp + row * svr
     k_ptr = K + k_off[:, None] + kvh * skh + offs_d[None, :]
     v_ptr = V + v_off[:, None] + kvh * svh + offs_d[None, :]
     if MASKED:
@@ -198,10 +203,10 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None):
             *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0), *o.stride()[:3],
             Hq, Sq, page_size, split_len, num_splits, scale * common.LOG2E, triton.next_power_of_2(split_len))
     meta = dict(G=G, SQ=Sq, ROWS=max(16, triton.next_power_of_2(G * Sq)), D=D, DIRECT=direct,
-                PAGE=page_size if page_size & (page_size - 1) == 0 else 0)
+                PAGE=page_size if PAGE_AWARE and page_size & (page_size - 1) == 0 else 0)
     grid = (num_splits, B * Hkv)
-    if split_kv_tuned is None:
-        split_kv_kernel[grid](*args, **meta, **INTERPRET_CONFIG)
+    if split_kv_tuned is None or FORCE_CONFIG is not None:
+        split_kv_kernel[grid](*args, **meta, **(FORCE_CONFIG or INTERPRET_CONFIG))
     else:
         split_kv_tuned[grid](*args, **meta)
     if not direct:
