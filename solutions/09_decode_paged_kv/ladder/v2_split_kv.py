@@ -20,8 +20,14 @@ rescaling as the online softmax, applied once across splits. A row all of whose 
 gets o = 0, lse = -inf.
 
 What it leaves to v3. The G query heads of a GQA group (G = 4 at 32/8) are G programs that read the
-same K and V: 4x the bytes a decode needs, and the scores are vector products, not tl.dot. The
-extra traffic mostly hits L2 when the G programs run together, but nothing makes them.
+same K and V: 4x the bytes a decode needs, and the scores are vector products on CUDA cores, not
+tl.dot on the tensor cores.
+
+A first run (H100, fp16, GQA 32/8, D = 128; benchmarks/ladder.py measures the ladder): 1.47 ms on
+one sequence of 128k tokens, 6.7x v1 (8 splits: 256 programs instead of 32), but 5.8 ms on 64 x 8k,
+no faster than v1: where v1's grid already fills the GPU, both are bound by their instructions
+(vector products and cross-thread sums per key), at 370 GB/s of K/V; v3's tl.dot and GQA packing
+reach 2400-2600 GB/s.
 
 Run on its own:  python v2_split_kv.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """

@@ -15,9 +15,14 @@ in base 2 with scale * log2(e) folded into one multiply. The split count targets
 over B * Hkv groups, from shapes only (the block table's width times the page size), so the host
 never waits for seq_lens.
 
-What it leaves to v4. Each key still looks its page up in the block table (a gather per row, even
-when 16 or 64 consecutive keys share a page); one tile size and launch for every shape; 2 * SMs
-programs is one wave, with no slack for the ragged lengths and the memory latency of a long split.
+What it leaves to v4. One tile and launch for every shape (64 keys, 4 warps, 3 stages), which
+turns out to be the costly part; each key looks its page up in the block table (a division per
+key), even when 16 or 64 consecutive keys share a page; every tile masked; a merge even when there
+is one split; 2 * SMs programs, one wave.
+
+A first run (H100, fp16, GQA 32/8, D = 128; benchmarks/ladder.py measures the ladder): 0.89 ms on
+64 x 8k with pages of 16 (2420 GB/s of K/V, 0.81x cuDNN on contiguous K/V), 0.73 ms on 16 x 32k with
+pages of 64 (0.98x), 0.21 ms on one sequence of 128k (0.98x FA2, 7x cuDNN, which does not split).
 
 Run on its own:  python v3_gqa_packed.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
