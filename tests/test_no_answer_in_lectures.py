@@ -177,3 +177,37 @@ def test_lecture_05_kernels_fail_exercise_05():
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("PASSED", "FAILED"))]
     assert len(lines) == 30, r.stdout
     assert not [ln for ln in lines if ln.startswith("PASSED")], r.stdout
+
+
+# ----------------------------------------------------------------------------- lecture 09 -> exercise 09
+def test_lecture_09_decode_wrapped_as_paged_decode_scores_nothing():
+    """Lecture 09's PyTorch decode (gather by the block table, then attention), looped over the batch
+    the way a student would paste it, is a correct decode: the graded tests refuse it because it
+    computes its products with PyTorch (exercise 09's guard forbids PyTorch's matrix products, as
+    step 08's does), and its message says so."""
+    from autograder.judge import run_inprocess
+
+    ns = lecture_functions("09_decode_paged_kv", ["gather_pages", "decode_one", "chunk_partials", "merge_partials"])
+
+    def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None):
+        outs = [ns["decode_one"](q[b], k_cache, v_cache, block_table[b], int(seq_lens[b])) for b in range(q.shape[0])]
+        return torch.cat([o for o, _ in outs]).to(q.dtype), torch.cat([lse for _, lse in outs])
+
+    def split_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None):    # the split/merge demo
+        B, Hq, Sq, D = q.shape
+        Hkv = k_cache.shape[2]
+        o, lse = torch.zeros_like(q), torch.full((B, Hq, Sq), float("-inf"))
+        for b in range(B):
+            k = ns["gather_pages"](k_cache, block_table[b], int(seq_lens[b]))
+            v = ns["gather_pages"](v_cache, block_table[b], int(seq_lens[b]))
+            for h in range(Hq):
+                kh = h // (Hq // Hkv)
+                if k.shape[0]:
+                    ob, lb = ns["merge_partials"](*ns["chunk_partials"](q[b, h], k[:, kh], v[:, kh], 2, D ** -0.5))
+                    o[b, h], lse[b, h] = ob, lb
+        return o, lse
+
+    for fn in (paged_decode, split_decode):
+        v = run_inprocess("09_decode_paged_kv", fn, ["test_mixed"])["test_mixed"]
+        assert v.points == 0, f"{fn.__name__} scored {v.points}"
+        assert "matrix product" in v.message, v.message
