@@ -61,7 +61,7 @@ SCRIPT = f"""
     from facourse.check import AttentionCheckError
     from facourse.decode import check_paged_decode
     rungs = {{name: load(name) for name in {RUNGS!r}}}
-    common = sys.modules["step09_ladder_common"]
+    common = sys.modules["decode_common"]
     default_sm_count = common.sm_count
     v4 = rungs["v4_tuned"]
     default_config = dict(v4.INTERPRET_CONFIG)

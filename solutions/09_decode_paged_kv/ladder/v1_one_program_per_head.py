@@ -26,23 +26,14 @@ and the vector products on CUDA cores (a multiply and a reduction across threads
 element) cost more instructions per byte than the memory system needs. v2 fixes the first fault by
 cutting each sequence's keys into splits.
 
-A first run (H100, fp16, GQA 32/8, D = 128; benchmarks/ladder.py measures the ladder): 9.9 ms on one
-sequence of 128k tokens (54 GB/s of K/V; cuDNN/FA2 on contiguous K/V: 0.20 ms), 5.8 ms on 64 x 8k
-(370 GB/s; cuDNN 0.71 ms).
-
 Run on its own:  python v1_one_program_per_head.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
-import importlib.util
 import math
 import sys
 from pathlib import Path
 
-# Step 09's common.py by path, under a name of its own (step 08's ladder has a common.py too).
-if "step09_ladder_common" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("step09_ladder_common", Path(__file__).with_name("common.py"))
-    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_spec.name])
-common = sys.modules["step09_ladder_common"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_common as common  # noqa: E402 (sets up the interpreter without a GPU, before triton is imported)
 
 import torch  # noqa: E402
 import triton  # noqa: E402

@@ -24,25 +24,18 @@ What it leaves to v3. The G query heads of a GQA group (G = 4 at 32/8) are G pro
 same K and V: 4x the bytes a decode needs, and the scores are vector products on CUDA cores, not
 tl.dot on the tensor cores.
 
-A first run (H100, fp16, GQA 32/8, D = 128; benchmarks/ladder.py measures the ladder): 1.47 ms on
-one sequence of 128k tokens, 6.7x v1 (8 splits: 256 programs instead of 32), but 5.8 ms on 64 x 8k,
-no faster than v1: where v1's grid already fills the GPU, both are bound by their instructions
-(vector products and cross-thread sums per key), at 370 GB/s of K/V; v3's tl.dot and GQA packing
-reach 2400-2600 GB/s.
+Measured (the verdict above): 6.7x v1 on one sequence of 128k tokens, but no faster than v1 on
+64 x 8k: where v1's grid already fills the GPU, both are bound by their instructions (vector products
+and cross-thread sums per key), not by memory; v3's tl.dot and GQA packing remove that.
 
 Run on its own:  python v2_split_kv.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
-import importlib.util
 import math
 import sys
 from pathlib import Path
 
-# Step 09's common.py by path, under a name of its own (step 08's ladder has a common.py too).
-if "step09_ladder_common" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("step09_ladder_common", Path(__file__).with_name("common.py"))
-    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_spec.name])
-common = sys.modules["step09_ladder_common"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_common as common  # noqa: E402 (sets up the interpreter without a GPU, before triton is imported)
 
 import torch  # noqa: E402
 import triton  # noqa: E402

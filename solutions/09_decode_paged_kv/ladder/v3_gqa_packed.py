@@ -21,22 +21,13 @@ turns out to be the costly part; each key looks its page up in the block table (
 key), even when 16 or 64 consecutive keys share a page; every tile masked; a merge even when there
 is one split; 2 * SMs programs, one wave.
 
-A first run (H100, fp16, GQA 32/8, D = 128; benchmarks/ladder.py measures the ladder): 0.89 ms on
-64 x 8k with pages of 16 (2420 GB/s of K/V, 0.81x cuDNN on contiguous K/V), 0.73 ms on 16 x 32k with
-pages of 64 (0.98x), 0.21 ms on one sequence of 128k (0.98x FA2, 7x cuDNN, which does not split).
-
 Run on its own:  python v3_gqa_packed.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
-import importlib.util
 import sys
 from pathlib import Path
 
-# Step 09's common.py by path, under a name of its own (step 08's ladder has a common.py too).
-if "step09_ladder_common" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("step09_ladder_common", Path(__file__).with_name("common.py"))
-    sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules[_spec.name])
-common = sys.modules["step09_ladder_common"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_common as common  # noqa: E402 (sets up the interpreter without a GPU, before triton is imported)
 
 _exercise = common.exercise_module()
 split_kv_kernel = _exercise.split_kv_kernel

@@ -2,9 +2,8 @@
 cells (v3 is them; v2 and v4 reuse its merge kernel), the split-count heuristic, and the per-head
 key loop that v1 and v2 share.
 
-Load it by path, never with ``import common``: step 08's ladder has a ``common.py`` too, and one
-process (pytest, benchmarks/ladder.py) may load both ladders. The few lines at the top of every
-rung register this file as ``sys.modules["step09_ladder_common"]``, once per process.
+Its name is the step's own (``import decode_common``, after the rung puts its folder on sys.path):
+step 08's ladder has a ``common.py``, and one process (pytest, benchmarks/ladder.py) may load both.
 """
 from __future__ import annotations
 
