@@ -5,6 +5,7 @@ import copy
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -58,23 +59,54 @@ def solution_code(assignment: str) -> dict[str, str]:
     return out
 
 
-def grade_submissions(tmp_path: Path, assignment: str, notebooks: dict[str, dict | str | bytes],
-                      timeout: float = 900) -> dict[str, model.Result]:
-    """Autograde one notebook per student (a dict, or raw text/bytes for broken files)."""
-    subs = tmp_path / "submitted"
+class Files(dict):
+    """A submission of several files: file name -> notebook (a dict), text, bytes, or a Path to copy
+    (step 07: the released notebook and the student's ``student_kernel.cu``)."""
+
+
+def _write(path: Path, content) -> None:
+    if isinstance(content, Path):
+        shutil.copy(content, path)
+    elif isinstance(content, dict):
+        path.write_text(json.dumps(content), encoding="utf-8")
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+
+
+def write_submissions(subs: Path, assignment: str, notebooks: dict) -> None:
+    """Lay out ``subs/<student>/<assignment>/``: one notebook per student (a dict, or raw text/bytes
+    for broken files), or the files of a :class:`Files`."""
     (nb_name,) = model.notebooks_of(assignment)
     for student, nb in notebooks.items():
         d = subs / student / assignment
         d.mkdir(parents=True)
-        path = d / f"{nb_name}.ipynb"
-        if isinstance(nb, dict):
-            path.write_text(json.dumps(nb), encoding="utf-8")
-        elif isinstance(nb, bytes):
-            path.write_bytes(nb)
-        else:
-            path.write_text(nb, encoding="utf-8")
-    results = workers.autograde(subs, tmp_path / "ws", [assignment], timeout=timeout, quiet=True, jobs=2)
-    return {r.student: r for r in results}
+        for name, content in (nb.items() if isinstance(nb, Files) else [(f"{nb_name}.ipynb", nb)]):
+            _write(d / name, content)
+
+
+def grade_submissions(tmp_path: Path, assignment: str, notebooks: dict[str, dict | str | bytes],
+                      timeout: float = 900) -> dict[str, model.Result]:
+    """Autograde one notebook per student (a dict, or raw text/bytes for broken files)."""
+    return grade_assignments(tmp_path, {assignment: notebooks}, timeout=timeout)[assignment]
+
+
+def grade_assignments(tmp_path: Path, submissions: dict[str, dict], timeout: float = 900,
+                      jobs: int = 2) -> dict[str, dict[str, model.Result]]:
+    """ONE autograde run (``jobs`` nbgrader processes at a time) for several assignments:
+    ``{assignment: {student: submission}}`` -> ``{assignment: {student: Result}}``. The workspace
+    is ``tmp_path / "ws"``. One run instead of one per assignment keeps both workers of the pool busy
+    to the end (tests/test_exercise_grading.py grades every kernel step's exercise this way)."""
+    subs = tmp_path / "submitted"
+    for assignment, notebooks in submissions.items():
+        write_submissions(subs, assignment, notebooks)
+    results = workers.autograde(subs, tmp_path / "ws", list(submissions), timeout=timeout, quiet=True,
+                                jobs=jobs)
+    out: dict[str, dict[str, model.Result]] = {a: {} for a in submissions}
+    for r in results:
+        out[r.assignment][r.student] = r
+    return out
 
 
 def unpack(zip_path: Path, dest: Path) -> Path:
@@ -107,8 +139,59 @@ def _cpu_threads():
     yield
 
 
+#: The longest tests (minutes each on two cores: one autograde run of many submissions each), put
+#: where each pytest-xdist worker starts with one of them (longest_first).
+LONGEST = ("tests/test_grading_corpus.py::test_bad_submission_corpus_in_one_parallel_run",
+           "tests/test_exercise_grading.py::test_every_kernel_step_graded_in_one_run")
+
+
+def _xdist_schedule(config) -> tuple[int, str]:
+    """(number of workers, --dist mode) of this pytest-xdist worker's run; (0, "no") elsewhere. A
+    worker's own options say neither: its controller's command line (workerinput) does."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput:
+        return 0, "no"
+    argv, dist = list(workerinput.get("mainargv", [])), "load"        # -n N alone: load
+    for i, arg in enumerate(argv):
+        if arg == "--dist" and i + 1 < len(argv):
+            dist = argv[i + 1]
+        elif arg.startswith("--dist="):
+            dist = arg.split("=", 1)[1]
+    return int(workerinput.get("workercount", 0)), dist
+
+
+def longest_first(config, items) -> None:
+    """Reorder ``items`` so that each of the first workers gets one test of LONGEST first, the short
+    tests then filling in around them: no worker finishes its share and idles while the other runs
+    a test of several minutes to its end. The schedulers send each worker its first tests as a
+    slice of this order (--dist worksteal, as course.sh runs it: contiguous equal shares, stolen
+    from the tail; --dist load, -n alone: chunks of a quarter of a share); a test of LONGEST goes
+    to the start of each worker's first slice. Any order is correct: this one is only faster."""
+    longest = [i for name in LONGEST for i in items if i.nodeid == name]
+    n_workers, dist = _xdist_schedule(config)
+    if not longest or n_workers < 2 or dist not in ("worksteal", "load"):
+        return
+    rest = [i for i in items if i not in longest]
+    groups = [longest[w::n_workers] for w in range(n_workers)]       # worker w starts with groups[w]
+    if dist == "worksteal":
+        sizes = [len(items) * (w + 1) // n_workers - len(items) * w // n_workers for w in range(n_workers)]
+    else:
+        sizes = [max(2, (len(items) // n_workers) // 4)] * n_workers
+        groups = [g[:1] for g in groups] + [longest[n_workers:]]     # the others: next to be sent
+        sizes.append(0)
+    order = []
+    for group, size in zip(groups, sizes):
+        take = max(0, size - len(group))
+        order += group + rest[:take]
+        rest = rest[take:]
+    items[:] = order + rest
+
+
+@pytest.hookimpl(trylast=True)         # after -k/-m deselection: the order the schedulers see
 def pytest_collection_modifyitems(config, items):
-    """GPU-tier tests skip with a reason on a machine without a GPU."""
+    """The longest tests first, one per worker (longest_first); GPU-tier tests skip with a reason
+    on a machine without a GPU."""
+    longest_first(config, items)
     import torch
 
     if torch.cuda.is_available():

@@ -2,27 +2,29 @@
 
 The exercise's solution, put into the released notebook, scores every point a CPU can give
 (correctness through the judge; bf16 and speed need a GPU and score 0 here, saying why); the
-untouched stub scores 0. Each classic mistake, planted in the solution's kernels, loses the points
+untouched stub scores 0 (``GRADING``, graded by tests/test_exercise_grading.py in one autograde run
+with the other steps'). Each classic mistake, planted in the solution's kernels, loses the points
 of a test whose message names it (the hidden tests run the same checks through the judge,
 ``judge.run_inprocess``). The GPU tier (every test, perf included) is ``python -m
 autograder.gpu_selftest 08`` on a GPU machine.
 """
 from __future__ import annotations
 
-import pytest
-
-from conftest import fill, grade_submissions, release_notebook, solution_code
+from conftest import fill, release_notebook, solution_code
 
 STEP = "08_backward"
 GPU_ONLY = {"test_bf16", "perf_large", "perf_long"}
 SOLUTION = solution_code(STEP)
 
 
-@pytest.mark.slow
-def test_exercise_grading(tmp_path):
-    """The solution scores every CPU point (16 minus bf16 and speed); the stub scores 0."""
+def grading_submissions():
+    """Graded by tests/test_exercise_grading.py, in one autograde run with the other steps'."""
     release = release_notebook(STEP)
-    res = grade_submissions(tmp_path, STEP, {"solved": fill(release, SOLUTION), "stub": release})
+    return {"solved": fill(release, SOLUTION), "stub": release}
+
+
+def check_grading(res, workspace):
+    """The solution scores every CPU point (16 minus bf16 and speed); the stub scores 0."""
     sol, stub = res["solved"], res["stub"]
     assert sol.status == "graded" and stub.status == "graded", (sol.status, stub.status)
     assert sol.auto_max_score == 16
@@ -30,6 +32,9 @@ def test_exercise_grading(tmp_path):
     assert all("No GPU here" in sol.messages[c] for c in GPU_ONLY), sol.messages
     assert sol.score == 16 - 5
     assert stub.score == 0, (stub.score, stub.failed)
+
+
+GRADING = {STEP: (grading_submissions, check_grading)}
 
 
 # (the cell, the solution's text, the mistake, the test that loses its point, what its message names)

@@ -1,9 +1,11 @@
 """Exercises 02 (safe softmax), 03 (online softmax), 04 (tiled attention) and their shared softmax check.
 
-Grading tests: per exercise, ONE autograde run grades the solution (full autograded marks), the untouched
-stub (0, and the run goes on) and planted bugs, each of which must lose the test cell that names it while
-the cells unrelated to it still pass. Planted bugs are made from the solution by text substitution, so they
-follow the solution when it changes (the substitution asserts that its text is still there).
+Grading: per exercise, the solution (full autograded marks), the untouched stub (0, and the run goes on)
+and planted bugs, each of which must lose the test cell that names it while the cells unrelated to it
+still pass. Planted bugs are made from the solution by text substitution, so they follow the solution
+when it changes (the substitution asserts that its text is still there). ``GRADING`` says what each
+exercise submits and what its grades must be; tests/test_exercise_grading.py grades all of them, with
+every other kernel step's, in ONE autograde run.
 
 Unit tests: facourse.softmax_check accepts correct results and rejects each planted fault with its cause.
 """
@@ -12,7 +14,7 @@ import json
 import pytest
 import torch
 
-from conftest import ROOT, fill, grade_submissions, release_notebook, solution_code
+from conftest import ROOT, fill, release_notebook, solution_code
 from facourse import SoftmaxCheckError, check_merge_fn, check_softmax_fn
 from facourse.softmax_check import MERGE_CASES, SOFTMAX_CASES
 
@@ -34,8 +36,8 @@ def written_ids(assignment):
             if c["cell_type"] == "markdown" and c["metadata"].get("nbgrader", {}).get("grade")]
 
 
-def grade_exercise(tmp_path, assignment, bugs):
-    """Grade solution, stub and every bug of ``bugs`` ({name: {grade_id: code}}) in one autograde run."""
+def exercise_submissions(assignment, bugs):
+    """Solution, stub and every bug of ``bugs`` ({name: {grade_id: code}}): {student: notebook}."""
     nb = release_notebook(assignment)
     answers = {gid: ANSWER for gid in written_ids(assignment)}
     assert answers, f"{assignment} has no written-answer cell"
@@ -43,7 +45,7 @@ def grade_exercise(tmp_path, assignment, bugs):
     subs = {"solution": fill(nb, {**solution, **answers}), "stub": nb}
     for name, code in bugs.items():          # the solution with one cell replaced by its buggy version
         subs[name] = fill(nb, {**solution, **code, **answers})
-    return grade_submissions(tmp_path, assignment, subs)
+    return subs
 
 
 def assert_graded(results, assignment, expect):
@@ -63,19 +65,22 @@ def assert_graded(results, assignment, expect):
 
 
 # ----------------------------------------------------------------------------- exercise 02
-@pytest.mark.slow
-def test_exercise_02_grading(tmp_path):
-    a = "02_safe_softmax"
-    sol = solution_code(a)["safe_softmax"]
-    bugs = {
+A2 = "02_safe_softmax"
+
+
+def submissions_02():
+    sol = solution_code(A2)["safe_softmax"]
+    return exercise_submissions(A2, {
         "no_max_subtraction": {"safe_softmax": mutate(sol, ("torch.exp(xf - m)", "torch.exp(xf)"))},
         "nan_on_empty_rows": {"safe_softmax": mutate(
             sol, ("m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "pass"))},
         "last_dim_only": {"safe_softmax": mutate(sol, ("dim=dim", "dim=-1"))},
-    }
-    results = grade_exercise(tmp_path, a, bugs)
+    })
+
+
+def check_02(results, workspace):
     basics = ["test_small", "test_configs", "test_ragged", "test_masked"]
-    assert_graded(results, a, {
+    assert_graded(results, A2, {
         "no_max_subtraction": ("test_overflow", basics + ["test_all_masked", "test_other_dims"]),
         "nan_on_empty_rows": ("test_all_masked", basics + ["test_overflow", "test_other_dims"]),
         "last_dim_only": ("test_other_dims", basics + ["test_overflow", "test_all_masked", "test_half"]),
@@ -84,12 +89,13 @@ def test_exercise_02_grading(tmp_path):
 
 
 # ----------------------------------------------------------------------------- exercise 03
-@pytest.mark.slow
-def test_exercise_03_grading(tmp_path):
-    a = "03_online_softmax"
-    code = solution_code(a)
+A3 = "03_online_softmax"
+
+
+def submissions_03():
+    code = solution_code(A3)
     online, merge = code["online_softmax"], code["merge_softmax_states"]
-    bugs = {
+    return exercise_submissions(A3, {
         "no_alpha_rescale": {"online_softmax": mutate(online, (
             "m, l = merge_softmax_states(m, l, m_j, l_j)",
             "m_new = torch.maximum(m, m_j); l = l + torch.exp(x_j - torch.where(torch.isneginf(m_new), 0.0, "
@@ -98,10 +104,12 @@ def test_exercise_03_grading(tmp_path):
             online, ("range(0, n, block_size)", "range(0, n - block_size + 1, block_size)"))},
         "merge_nan_on_empty": {"merge_softmax_states": mutate(
             merge, ("m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "m_safe = m"))},
-    }
-    results = grade_exercise(tmp_path, a, bugs)
+    })
+
+
+def check_03(results, workspace):
     merges = ["test_merge_random", "test_merge_empty", "test_merge_large", "test_merge_chain"]
-    assert_graded(results, a, {
+    assert_graded(results, A3, {
         "no_alpha_rescale": ("test_ragged", merges),
         "drops_last_block": ("test_ragged", merges + ["test_small", "test_configs", "test_overflow"]),
         "merge_nan_on_empty": ("test_merge_empty", ["test_merge_random", "test_merge_large",
@@ -112,11 +120,12 @@ def test_exercise_03_grading(tmp_path):
 
 
 # ----------------------------------------------------------------------------- exercise 04
-@pytest.mark.slow
-def test_exercise_04_grading(tmp_path):
-    a = "04_tiled_attention"
-    sol = solution_code(a)["tiled_attention"]
-    bugs = {
+A4 = "04_tiled_attention"
+
+
+def submissions_04():
+    sol = solution_code(A4)["tiled_attention"]
+    return exercise_submissions(A4, {
         "top_left_causal": {"tiled_attention": mutate(sol, ("off = Skv - Sq ", "off = 0      "))},
         "head_h_mod_hkv": {"tiled_attention": mutate(
             sol,
@@ -126,9 +135,11 @@ def test_exercise_04_grading(tmp_path):
             ("(m_i + torch.log(l_i)).reshape(B, Hq, Br)", "(m_i + torch.log(l_i)).transpose(1, 2).reshape(B, Hq, Br)"))},
         "no_tile_skipping": {"tiled_attention": mutate(
             sol, ("n_end = min(Skv, i1 + off) if causal else Skv", "n_end = Skv"))},
-    }
-    results = grade_exercise(tmp_path, a, bugs)
-    assert_graded(results, a, {
+    })
+
+
+def check_04(results, workspace):
+    assert_graded(results, A4, {
         "top_left_causal": ("test_asymmetric", ["test_small", "test_medium", "test_large", "test_noncausal",
                                                 "test_edge_mqa", "test_edge_d64"]),
         "head_h_mod_hkv": ("test_medium", ["test_edge_mqa"]),
@@ -139,6 +150,10 @@ def test_exercise_04_grading(tmp_path):
     assert results["no_tile_skipping"].failed == ["test_tile_skipping"]
     assert "top-left" in results["top_left_causal"].messages["test_asymmetric"]
     assert "h % Hkv" in results["head_h_mod_hkv"].messages["test_medium"]
+
+
+#: What tests/test_exercise_grading.py grades (in its one autograde run) and checks, per exercise.
+GRADING = {A2: (submissions_02, check_02), A3: (submissions_03, check_03), A4: (submissions_04, check_04)}
 
 
 # ----------------------------------------------------------------------------- the softmax check itself

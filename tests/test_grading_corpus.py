@@ -5,6 +5,12 @@ hidden tests wrap the entry point in autograder.guards (SDPA forbidden, caching 
 through the judge (autograder/judge.py). The second half of the corpus is written from the
 attacker's side, by someone who has read every line of the grader: each forgery scores 0 and the
 report names why (TAMPER_REASONS).
+
+Every submission costs a whole nbgrader process (Python, a kernel, PyTorch: about 13 CPU-seconds), so
+the corpus holds one submission per way a submission can go wrong in the pipeline. What the judge
+alone decides (the check's diagnosis of a wrong answer, the scan's rules) is asserted in-process for
+the variants that add no pipeline path of their own (IN_PROCESS below; tests/test_judge.py has the
+judge's rules one by one).
 """
 import json
 import time
@@ -13,6 +19,8 @@ import pytest
 
 from conftest import fill, release_notebook, solution_code
 from autograder import gradebook, report, workers
+from autograder.judge import run_inprocess
+from autograder.scan import scan_source
 
 A = "01_vanilla_attention"
 SOL = solution_code(A)["vanilla_attention"]
@@ -42,12 +50,10 @@ CORPUS = {
     "ok": (SOL, 7, "graded"),
     "import_error": ("import not_a_real_module_42\n" + SOL, 0, "graded"),
     "infinite_loop": ("while True:\n    pass\n" + SOL, 0, "graded"),   # interrupted after 15 s
-    "kills_itself": (_fn("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"), 0, "kernel died"),
+    # the kernel dies (a crash; forge_os_exit below is the kernel leaving on purpose)
     "segfault": (_fn("import ctypes\nctypes.memset(0, 1, 64)"), 0, "kernel died"),
     "sys_exit": (_fn("import sys\nsys.exit(3)"), 0, "flagged"),
     "zeros": (_fn("return torch.zeros_like(q)"), 0, "graded"),
-    "mean_of_v": (_fn("g = q.shape[1] // k.shape[1]\n"
-                      "return v.repeat_interleave(g, 1).mean(2, keepdim=True).expand_as(q).clone()"), 0, "graded"),
     "calls_sdpa": (SDPA, 0, "graded"),
     # caught twice: by the caching check of test_medium, and by test_small, whose judged calls come
     # after the visible ones on the same shapes
@@ -55,17 +61,14 @@ CORPUS = {
                                        "if key in _cache:\n    return _cache[key]",
                                        "_cache[key] = o"), 5, "graded"),
     "mutates_inputs": (_wrap(after="q.mul_(2)"), 0, "graded"),
-    "half_output": (_wrap(after="h = q.shape[2] // 2\nout = torch.empty_like(o)\n"
-                                "out[:, :, :h] = o[:, :, :h]\no = out"), 0, "graded"),
     "deleted_test": ("deleted", 7, "deleted cells restored: test_small"),
     "edited_tests": ("edited", 0, "graded"),
     "not_json": ("this is { not a notebook", 0, "not a notebook"),
     "wrong_name": ("wrong_name", 0, "missing notebook 01_vanilla_attention.ipynb"),
     # --- forgeries (issue: grades that cannot be forged) -------------------------------------
-    # the three that scored 6/7, 6/7 and 7/7 before the judge
+    # the three that scored 6/7, 6/7 and 7/7 before the judge (the third, forge_check_sdpa, is in IN_PROCESS)
     "forge_check_zeros": (_fn("return torch.zeros_like(q)") + "\ncheck_entry_point = lambda *a, **k: None",
                           0, "flagged"),
-    "forge_check_sdpa": (SDPA + "\ncheck_entry_point = lambda *a, **k: None", 0, "flagged"),
     "forge_import": (_fn("return torch.zeros_like(q)") + """
 import builtins, types
 _real_import = builtins.__import__
@@ -114,7 +117,6 @@ _s.sendall(struct.pack("!IQ", len(_h), 0) + _h)""", 0, "flagged"),
 # the reason the report must give for each forgery (in a failed test's message or in the status)
 TAMPER_REASONS = {
     "forge_check_zeros": "rebinds check_entry_point",
-    "forge_check_sdpa": "scaled_dot_product_attention",
     "forge_import": "builtins",
     "forge_library": "monkeypatching",
     "forge_sys_exit": "sys.exit",
@@ -130,13 +132,42 @@ MESSAGES = {
     "calls_sdpa": ("test_small", "scaled_dot_product_attention"),
     "caches": ("test_medium", "cached or precomputed"),
     "mutates_inputs": ("test_small", "was modified by the call"),
-    "half_output": ("test_small", "NaN or inf"),
     "zeros": ("test_small", "all zeros"),
-    "mean_of_v": ("test_small", "mean of V"),
     "import_error": ("test_small", "NameError"),
     "infinite_loop": ("test_large", "NameError"),
     "sys_exit": ("test_small", "SystemExit"),
 }
+
+
+# Variants that take no pipeline path of their own, asserted without nbgrader (test_variants_judged_in_process): a
+# wrong answer whose diagnosis the judge relays as it relays "all zeros" (zeros above), and a
+# forgery that combines two the corpus grades (forge_check_zeros's rebinding, calls_sdpa's SDPA).
+# student -> (code of the solution cell, the hidden test, what its verdict's message must say)
+IN_PROCESS = {
+    "mean_of_v": (_fn("g = q.shape[1] // k.shape[1]\n"
+                      "return v.repeat_interleave(g, 1).mean(2, keepdim=True).expand_as(q).clone()"),
+                  "test_small", "mean of V"),
+    "half_output": (_wrap(after="h = q.shape[2] // 2\nout = torch.empty_like(o)\n"
+                                "out[:, :, :h] = o[:, :, :h]\no = out"), "test_small", "NaN or inf"),
+    "forge_check_sdpa": (SDPA + "\ncheck_entry_point = lambda *a, **k: None", "test_small",
+                         "scaled_dot_product_attention"),
+}
+#: the scan's tamper rule for an in-process forgery (a tamper flag scores the judged tests 0 in
+#: autograde, as the corpus's forge_check_zeros shows end to end)
+IN_PROCESS_FLAGS = {"forge_check_sdpa": "rebinds check_entry_point"}
+
+
+def test_variants_judged_in_process():
+    for student, (code, test, says) in IN_PROCESS.items():
+        scope = {}
+        exec("import math, torch\nfrom facourse import *\n" + code, scope)
+        v = run_inprocess(A, scope["vanilla_attention"], [test])[test]
+        assert v.points == 0 and says in v.message, (student, v.points, v.message)
+        tamper = [f.rule for f in scan_source(code, "cell vanilla_attention") if f.severity == "tamper"]
+        if student in IN_PROCESS_FLAGS:
+            assert any(IN_PROCESS_FLAGS[student] in r for r in tamper), (student, tamper)
+        else:
+            assert not tamper, (student, tamper)
 
 
 def _submissions(tmp_path):

@@ -5,14 +5,14 @@ spills; the SASS of the solution has HGMMA and UTMALDG, step 06's kernel and the
 (the hidden structural check, facourse.cuda_build.check_sass, is the one function tested here); the
 stub is the one make_stub.py writes; the release ships the stub, the given headers and the binding,
 never the ladder or the solution; grading on a CPU gives the solution the structural check's points
-and the stub nothing, with the GPU cells at 0 and saying why.
+and the stub nothing, with the GPU cells at 0 and saying why (``GRADING``, graded by
+tests/test_exercise_grading.py in one autograde run with the other steps').
 GPU tier (marked gpu, H100/H200 only): every rung and the solution on the five configurations and
 the edge cases, fp16 and bf16.
 """
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import ROOT, load_module, release_notebook
-from autograder import workers
+from conftest import ROOT, Files, release_notebook
 from facourse.cuda_build import (HOPPER_OPCODES, SassCheckError, check_sass, count_opcodes, find_cuobjdump,
                                  nvcc_compile_check)
 from facourse.hw import has_nvcc
@@ -132,20 +131,20 @@ def test_release_notebook_builds_the_student_file_for_sm90a():
 
 
 # ============================================================================ grading
-@pytest.mark.slow
-def test_exercise_grading(tmp_path):
+def grading_submissions():
+    """Graded by tests/test_exercise_grading.py, in one autograde run with the other steps': the
+    released notebook with the solution kernel or the stub as the student's student_kernel.cu."""
+    release = release_notebook(ASSIGNMENT)
+    return {student: Files({f"{ASSIGNMENT}.ipynb": release, "student_kernel.cu": kernel})
+            for student, kernel in (("solved", LADDER / "student_kernel_solution.cu"),
+                                    ("stub", STEP / "student_kernel.cu"))}
+
+
+def check_grading(results, workspace):
     """On a CPU: the solution kernel earns the structural check's 2 points (when nvcc and cuobjdump are
     here) and nothing else; the stub earns 0. GPU cells score 0 and say why; the visible test and the
     perf cells without an error; the compile-feedback cell reports the SASS; the student's .cu is the
     one graded (autograde does not put the stub back over it)."""
-    release = release_notebook(ASSIGNMENT)
-    subs = tmp_path / "submitted"
-    for student, kernel in (("solved", LADDER / "student_kernel_solution.cu"), ("stub", STEP / "student_kernel.cu")):
-        d = subs / student / ASSIGNMENT
-        d.mkdir(parents=True)
-        (d / f"{ASSIGNMENT}.ipynb").write_text(json.dumps(release), encoding="utf-8")
-        shutil.copy(kernel, d / "student_kernel.cu")
-    results = {r.student: r for r in workers.autograde(subs, tmp_path / "ws", [ASSIGNMENT], quiet=True, jobs=2)}
     sol, stub = results["solved"], results["stub"]
     assert sol.status == "graded" and stub.status == "graded", (sol, stub)
     assert sol.auto_max_score == stub.auto_max_score == 15
@@ -159,7 +158,7 @@ def test_exercise_grading(tmp_path):
     if not torch.cuda.is_available():
         # the judge scores every GPU cell 0 and says why
         assert all("No GPU here" in sol.messages[c] for c in GPU_CELLS), sol.messages
-    nb = json.loads(next((tmp_path / "ws" / "autograded" / "solved" / ASSIGNMENT).glob("*.ipynb")).read_text())
+    nb = json.loads(next((workspace / "autograded" / "solved" / ASSIGNMENT).glob("*.ipynb")).read_text())
     out = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(
         "".join(o.get("text", "")) for o in c.get("outputs", []) if o.get("output_type") == "stream")
         for c in nb["cells"]}
@@ -172,6 +171,9 @@ def test_exercise_grading(tmp_path):
     # a graded cell's value is its partial credit: the structural check must not end with one
     (cell,) = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_structure"]
     assert not [o for o in cell["outputs"] if o["output_type"] == "execute_result"], cell["outputs"]
+
+
+GRADING = {ASSIGNMENT: (grading_submissions, check_grading)}
 
 
 # ============================================================================ GPU tier

@@ -3,7 +3,8 @@
 CPU tier: the solution through the Triton interpreter (in a subprocess, so that TRITON_INTERPRET
 is set before triton is imported, whatever other test modules imported first); the exercise's
 solution scoring full marks on its correctness cells and its stub 0 (perf cells 0 without a GPU,
-without crashing); both kernels compiled for sm_90 without a GPU.
+without crashing: ``GRADING``, graded by tests/test_exercise_grading.py); both kernels compiled for
+sm_90 without a GPU.
 GPU tier: full-size correctness in fp16 and bf16, and the perf cells' logic: full points for the
 exercise's solution, 0 for a correct but naive kernel.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, fill, grade_submissions, load_module, release_notebook, solution_code
+from conftest import ROOT, fill, load_module, release_notebook, solution_code
 
 STEP = "05_triton_flash_attention"
 LADDER = ROOT / "solutions" / STEP / "ladder"
@@ -87,12 +88,14 @@ def test_check_catches_a_wrong_kernel():
     assert "caught" in r.stdout
 
 
-@pytest.mark.slow
-def test_exercise_grading(tmp_path):
-    """The solution scores every correctness point and 0 for speed on CPU; the stub scores 0."""
+def grading_submissions():
+    """Graded by tests/test_exercise_grading.py, in one autograde run with the other steps'."""
     release = release_notebook(STEP)
-    solved = fill(release, solution_code(STEP))
-    res = grade_submissions(tmp_path, STEP, {"solved": solved, "stub": release})
+    return {"solved": fill(release, solution_code(STEP)), "stub": release}
+
+
+def check_grading(res, workspace):
+    """The solution scores every correctness point and 0 for speed on CPU; the stub scores 0."""
     sol, stub = res["solved"], res["stub"]
     assert sol.status == "graded" and stub.status == "graded"
     assert sol.auto_max_score == 14
@@ -101,6 +104,9 @@ def test_exercise_grading(tmp_path):
     assert all("No GPU here" in sol.messages[c] for c in PERF_CELLS), sol.messages
     assert sol.score == sol.auto_max_score - 4
     assert stub.score == 0, (stub.score, stub.failed)
+
+
+GRADING = {STEP: (grading_submissions, check_grading)}
 
 
 def test_compiles_for_sm90_without_gpu():
