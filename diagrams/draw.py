@@ -597,6 +597,11 @@ from decode_figures import FIGURES as _DECODE_FIGURES  # noqa: E402
 
 FIGURES.update(_DECODE_FIGURES)
 
+# Step 10's figures of attention variants (block masks, score modifiers, FP8 formats).
+from variants_figures import FIGURES as _VARIANTS_FIGURES  # noqa: E402
+
+FIGURES.update(_VARIANTS_FIGURES)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
