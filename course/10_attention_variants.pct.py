@@ -319,9 +319,9 @@ if flex_attention is not None:
 #
 # A general mask has no corners to look at, so the classes are computed by evaluating the mask on every
 # pair once, before the kernel runs. That is what `create_block_mask` does; it costs one pass over
-# $S_q \times S_{kv}$ booleans, shared by every layer (and by every head when the mask ignores $h$, which
-# is why FlexAttention lets you pass `None` for B or H). A tile that reaches past the end of the
-# sequence is at most partial: its missing keys must be masked anyway.
+# $S_q \times S_{kv}$ booleans, shared by every layer that uses the same mask (and by every head when
+# the mask ignores $h$, which is why FlexAttention lets you pass `None` for B or H). A tile that reaches
+# past the end of the sequence is at most partial: its missing keys must be masked anyway.
 #
 # The kernel does not want a grid of classes; it wants, for each query tile, the key tiles to visit.
 # FlexAttention's `BlockMask` stores two such lists, like a sparse matrix stores its rows: for each
@@ -658,9 +658,10 @@ for (name, dt), (_, e, mbits, ieee) in zip(F8.items(), vf.FORMATS[2:]):
 # %% [markdown]
 # ### Scales
 #
-# 448 is small: an activation of 1000 overflows e4m3 (to NaN: the "fn" format has no infinity), and
-# small values sink into the subnormals (below $2^{-6}$, coarser and coarser steps) and then to zero
-# (below $2^{-10}$). So each tensor is stored with a **scale**: $x \approx \sigma\, x_8$ with
+# 448 is small: an activation of 1000 does not fit (PyTorch's cast saturates it to 448, as the cell below
+# prints; a cast that does not saturate gives NaN, the "fn" format having no infinity), and small values
+# sink into the subnormals (below $2^{-6}$: a fixed step of $2^{-9}$, so fewer and fewer significant bits)
+# and then to zero (below $2^{-10}$). So each tensor is stored with a **scale**: $x \approx \sigma\, x_8$ with
 # $\sigma = \max|x| / 448$, the largest element mapped to the largest number. The scales cost nothing in
 # attention's loop: $S = \text{scale}\,(\sigma_Q \sigma_K)\,Q_8 K_8^\top$ folds into the softmax scale, and
 # $\sigma_V$ multiplies $O$ once at the end.
@@ -684,6 +685,8 @@ g8 = torch.Generator().manual_seed(8)
 x = torch.randn(512, 128, generator=g8)
 x[256:320] *= 1e-5                                   # one block of 64 rows, 100,000 times smaller
 e4 = torch.finfo(torch.float8_e4m3fn)
+few = torch.tensor([1000.0, 0.01, 0.001, 0.0009])
+print("1000, 0.01, 0.001, 0.0009 in e4m3:", few.to(torch.float8_e4m3fn).float().tolist())
 print(f"e4m3's normal range: max / smallest normal = {e4.max / e4.tiny:.0f}")
 rel = lambda a, ref: ((a - ref).norm() / ref.norm()).item()
 for label, blk in (("per tensor", None), ("per 64-row block", 64)):
@@ -734,7 +737,8 @@ p_tilde = torch.exp((s := q1 @ k1.T / math.sqrt(Df)) - s.amax(-1, keepdim=True))
 e4m3_all = rel(attention_emulated(q1, k1, v1, fp8, fp8, fp8, lambda p: p.to(F8["e4m3"]).float())[1].double(), o64)
 for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
     r = lambda x, dt=dt: x.to(dt).float()
-    print(f"e4m3 (all four) / {name} (all four): {e4m3_all / rel(attention_emulated(q1, k1, v1, r, r, r, r)[1].double(), o64):.0f}x")
+    other = rel(attention_emulated(q1, k1, v1, r, r, r, r)[1].double(), o64)
+    print(f"e4m3 (all four) / {name} (all four): {e4m3_all / other:.0f}x")
 print(f"entries of P̃ that e4m3 rounds to 0: {(p_tilde.to(F8['e4m3']) == 0).float().mean():.2%}, "
       f"subnormal: {((p_tilde < 2 ** -6) & (p_tilde >= 2 ** -10)).float().mean():.2%}")
 
@@ -811,7 +815,25 @@ for where, f in (("Q and K", 1), ("Q and K", 3), ("Q and K", 6), ("Q and K", 10)
         cells.append(f"{(s8.double() - s64).pow(2).mean().sqrt():12.3f} {rel(o8.double(), o64o):12.4f}")
     print(f"{where:11s} {f:3d} {s64.std():9.2f}   " + "   ".join(f"{c:>26s}" for c in cells))
 
+# %%
+# one logit, term by term: the D products q_c k_c before and after the rotation (f = 6, outliers in Q and K)
+qo, ko = q1.clone(), k1.clone()
+qo[:, ch] *= 6
+ko[:, ch] *= 6
+fig, axs = plt.subplots(1, 2, figsize=(11, 2.8), sharey=True)
+for ax, (title, a, c) in zip(axs, (("before: q_c k_c", qo[0], ko[0]),
+                                   ("after the rotation: (qM)_c (kM)_c", fwht(qo[0] * signs), fwht(ko[0] * signs)))):
+    ax.bar(range(Df), (a * c).tolist(), width=1.0, color="#4a90d9")
+    ax.set_title(f"{title}; sum {float((a * c).sum()):.2f}, largest |term| {float((a * c).abs().max()):.2f}",
+                 fontsize=9.5)
+    ax.set_xlabel("coordinate c")
+axs[0].set_ylabel("term of q · k")
+fig.tight_layout()
+plt.show()
+
 # %% [markdown]
+# The plot shows one logit of query 0 and key 0 as its $D$ terms: the same sum, first dominated by the
+# four outlier products, each rounded with up to 6% of its size, then made of $D$ terms of ordinary size.
 # Without outliers ($f = 1$) the rotation changes nothing: the errors are already those of random
 # roundings. With outlier channels in both $Q$ and $K$ the rotation cuts the error of $S$ several times
 # over and brings $O$'s error back near the no-outlier level, while per-block scales alone help little
