@@ -61,6 +61,9 @@ CPU_START = time.perf_counter()
 ROOT = Path.cwd().parent if Path.cwd().name == "course" else Path.cwd()
 sys.path.insert(0, str(ROOT / "diagrams"))
 import variants_figures as vf  # noqa: E402  (the figures' own numbers, checked below)
+# (it selects matplotlib's file backend for drawing; the magic below restores inline plots)
+
+# %matplotlib inline
 
 # %% [markdown]
 # ## 1. Two functions instead of one switch
