@@ -148,8 +148,9 @@ for Sq, Skv in ((96, 160), (160, 96)):
 #
 # Mistral 7B uses $W = 4096$ (§2). A layer sees $W$ tokens back, but the next layer's query reads outputs
 # that each saw $W$ further: after $k$ layers information can travel $k \cdot W$ positions, which the
-# paper puts at about 131k tokens for its 32 layers. The work per row is at most $W$ keys instead of
-# $S_{kv}$: linear in the sequence length.
+# paper puts at about 131k tokens for its 32 layers. Gemma 2 (§2 of its report) alternates layers with
+# a 4096-token window and global layers. The work per row is at most $W$ keys instead of $S_{kv}$: linear
+# in the sequence length.
 #
 # ### ALiBi
 #
@@ -160,8 +161,9 @@ for Sq, Skv in ((96, 160), (160, 96)):
 # For $H = 8$ the slopes are $1/2, 1/4, \dots, 1/256$: some heads look far back, some only nearby. For a
 # head count that is no power of two, the authors' code takes the slopes of the power of two below
 # $H$, then every other slope of the power of two above, until there are $H$ (for $H = 12$: the 8
-# slopes of $H = 8$, then 4 of the 16 slopes of $H = 16$, those between the former). ALiBi is defined
-# with a causal mask; here it is always combined with one.
+# slopes $2^{-1}, \dots, 2^{-8}$ of $H = 8$, then $2^{-1/2}, 2^{-3/2}, 2^{-5/2}, 2^{-7/2}$, the odd ones of
+# $H = 16$'s $2^{-h/2}$). In code, heads count from 0: head $h$ takes $m_{h+1}$. ALiBi is defined with a
+# causal mask; here it is always combined with one.
 #
 # ### Logit soft-capping (Gemma 2)
 #
@@ -418,7 +420,8 @@ COUNTED = {"full (no mask)": lambda b, h, i, j: torch.ones_like(i * j, dtype=tor
            "documents (8, causal)": documents(docs4),
            "prefix-LM, prefix 1024": prefix_lm(torch.tensor([1024])),
            "window and documents": and_masks(sliding_window(1024, S4, S4), documents(docs4))}
-VALUES = {name: mask(*index_grids(1, 1, S4, S4))[0, 0].expand(S4, S4) for name, mask in COUNTED.items()}  # once each
+VALUES = {name: mask(*index_grids(1, 1, S4, S4))[0, 0].expand(S4, S4)          # each mask evaluated once
+          for name, mask in COUNTED.items()}
 print("document lengths:", doc_lens4.tolist())
 print(f"{'mask':24s} {'visible':>8s} {'empty':>6s} {'partial':>8s} {'full':>6s} {'computed/visible':>17s}")
 for name, m in VALUES.items():
@@ -426,12 +429,13 @@ for name, m in VALUES.items():
     print(f"{name:24s} {vis / S4 ** 2:8.1%} {e:6.1%} {p:8.1%} {f:6.1%} {over:17.3f}")
 
 # %% [markdown]
-# The FLOPs follow the visible fraction: the window does a quarter of the non-causal work at this
-# length, and its share keeps falling as the sequence grows ($W / S$), while a causal attention stays
-# near half. The tiles cost more than the visible pairs (the last column), all of it in the partial tiles:
-# a few percent for causal and prefix-LM, more for the window, most for the documents, whose boundaries
-# make many partial tiles. Smaller tiles waste less, but a tile is what a tensor-core instruction and a load work
-# on; the kernel's tile size is chosen for speed (lectures 05-07), and the waste follows:
+# The FLOPs follow the visible fraction: the window does about a fifth of the non-causal work at this
+# length, and its share keeps falling as the sequence grows (about $W / S$), while a causal attention
+# stays near half. The tiles cost more than the visible pairs (the last column), all of it in the partial
+# tiles: a few percent for causal and prefix-LM, more for the window, most for the documents, whose
+# boundaries make many partial tiles. Smaller tiles waste less, but a tile is what a tensor-core
+# instruction and a load work on; the kernel's tile size is chosen for speed (lectures 05-07), and the
+# waste follows:
 
 # %%
 print(f"{'tile':>5s} " + " ".join(f"{name:>24s}" for name in list(COUNTED)[1:]))
