@@ -109,6 +109,51 @@ def grade_assignments(tmp_path: Path, submissions: dict[str, dict], timeout: flo
     return out
 
 
+_PLANTED_RUNNER = """
+import json, sys
+sys.path[:0] = [{src!r}, {root!r}]
+code, planted = json.loads(open(sys.argv[1]).read())
+from autograder.judge import run_inprocess
+for bug, (cell, old, new, test, says) in planted.items():
+    scope = {{}}
+    exec(compile("\\n\\n".join(dict(code, **{{cell: code[cell].replace(old, new)}}).values()), "<planted " + bug + ">",
+                 "exec"), scope)
+    v = run_inprocess({step!r}, scope[{entry!r}], [test])[test]
+    print(json.dumps({{"bug": bug, "points": v.points, "message": v.message}}), flush=True)
+"""
+
+
+def assert_planted_bugs_named(tmp_path: Path, step: str, entry: str, given: tuple, planted: dict) -> None:
+    """Each bug of ``planted`` ({bug: (cell, the solution's text, the mistake, the test, what its message
+    names)}), put into the exercise's solution (its ``given`` code cells and every solution cell, in
+    order), scores 0 in its test through the judge, whose message names it. One subprocess for all of
+    them (Triton's interpreter must be chosen before triton is imported)."""
+    import subprocess
+
+    solution = solution_code(step)
+    (path,) = (ROOT / "solutions" / step).glob("*.ipynb")
+    code = {}
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+        if gid in given or gid in solution:
+            code[gid] = solution.get(gid) or "".join(cell["source"])
+    for bug, (cell, old, new, test, says) in planted.items():
+        assert old in code[cell], f"{bug}: the solution no longer holds {old!r}: update the planted bug"
+    (tmp_path / "in.json").write_text(json.dumps([code, planted]))
+    runner = tmp_path / "run.py"
+    runner.write_text(_PLANTED_RUNNER.format(src=str(ROOT / "src"), root=str(ROOT), step=step, entry=entry))
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    env.pop("FACOURSE_JUDGE", None)
+    r = subprocess.run([sys.executable, str(runner), str(tmp_path / "in.json")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = {d["bug"]: d for d in map(json.loads, r.stdout.strip().splitlines())}
+    assert set(got) == set(planted), r.stdout
+    for bug, (cell, old, new, test, says) in planted.items():
+        assert got[bug]["points"] == 0, f"{bug}: {test} still scored {got[bug]['points']}"
+        assert says in got[bug]["message"], f"{bug}: {test}'s message does not name it:\n{got[bug]['message']}"
+
+
 def unpack(zip_path: Path, dest: Path) -> Path:
     """Extract ``zip_path`` into ``dest`` as `unzip` does (file modes kept: course.sh stays executable)."""
     import zipfile

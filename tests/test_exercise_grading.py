@@ -27,6 +27,7 @@ MODULES = (
     "test_triton_step05",               # 05_triton_flash_attention
     "test_hopper_step07",               # 07_hopper_flash_attention
     "test_exercise_step08",             # 08_backward
+    "test_exercise_step09",             # 09_decode_paged_kv
 )
 
 

@@ -10,7 +10,7 @@ autograder.gpu_selftest 08`` on a GPU machine.
 """
 from __future__ import annotations
 
-from conftest import fill, release_notebook, solution_code
+from conftest import assert_planted_bugs_named, fill, release_notebook, solution_code
 
 STEP = "08_backward"
 GPU_ONLY = {"test_bf16", "perf_large", "perf_long"}
@@ -53,47 +53,6 @@ PLANTED = {
 }
 
 
-RUNNER = """
-import json, sys
-sys.path[:0] = [{src!r}, {root!r}]
-code, planted = json.loads(open(sys.argv[1]).read())
-from autograder.judge import run_inprocess
-for bug, (cell, old, new, test, says) in planted.items():
-    scope = {{}}
-    exec(compile("\\n\\n".join(dict(code, **{{cell: code[cell].replace(old, new)}}).values()), "<planted " + bug + ">",
-                 "exec"), scope)
-    v = run_inprocess("{step}", scope["flash_attention_train"], [test])[test]
-    print(json.dumps({{"bug": bug, "points": v.points, "message": v.message}}), flush=True)
-"""
-
-
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):
-    """Each mistake, planted in the solution, scores 0 in the test named for it, whose message names
-    it. One subprocess for all of them (Triton's interpreter must be chosen before triton is imported)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-    nb = json.loads((ROOT / "solutions" / STEP / f"{STEP}.ipynb").read_text())
-    code = {}                                   # the exercise's code cells, given and solution, in order
-    for cell in nb["cells"]:
-        gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
-        if gid in ("setup", "forward") or gid in SOLUTION:
-            code[gid] = SOLUTION.get(gid) or "".join(cell["source"])
-    for bug, (cell, old, new, test, says) in PLANTED.items():
-        assert old in code[cell], f"{bug}: the solution no longer holds {old!r}: update the planted bug"
-    (tmp_path / "in.json").write_text(json.dumps([code, PLANTED]))
-    runner = tmp_path / "run.py"
-    runner.write_text(RUNNER.format(src=str(ROOT / "src"), root=str(ROOT), step=STEP))
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    env.pop("FACOURSE_JUDGE", None)
-    r = subprocess.run([sys.executable, str(runner), str(tmp_path / "in.json")], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    got = {d["bug"]: d for d in map(json.loads, r.stdout.strip().splitlines())}
-    assert set(got) == set(PLANTED), r.stdout
-    for bug, (cell, old, new, test, says) in PLANTED.items():
-        assert got[bug]["points"] == 0, f"{bug}: {test} still scored {got[bug]['points']}"
-        assert says in got[bug]["message"], f"{bug}: {test}'s message does not name it:\n{got[bug]['message']}"
+    """Each mistake, planted in the solution, scores 0 in the test named for it, whose message names it."""
+    assert_planted_bugs_named(tmp_path, STEP, "flash_attention_train", ("setup", "forward"), PLANTED)
