@@ -27,7 +27,10 @@
 # configuration against PyTorch SDPA's FLASH_ATTENTION backend (half the points at a `min` fraction
 # of its speed, all at a `target`: the instructor's thresholds file sets both, the graded result
 # states them). **Without a GPU** the cell "Compile check" still compiles your code with `nvcc` for
-# sm_80 and reports errors, registers, spills and shared memory; the graded cells need a GPU.
+# sm_80 and reports errors, registers, spills, shared memory and the functions you have not written
+# yet, and the cell "CPU check" runs each of your four device functions on one emulated warp
+# (g++, no GPU) and names the likely cause of a wrong result; the graded cells need a GPU and, on a
+# machine without one, say so and move on.
 #
 # Read `course/06_cuda_flash_attention.ipynb` first: it draws the fragment layouts you need.
 
@@ -40,8 +43,9 @@ from pathlib import Path
 
 import torch
 
-from facourse import check_entry_point, has_gpu, require_gpu, validate_inputs
+from facourse import check_entry_point, gpu_or_skip, has_gpu, require_gpu, validate_inputs
 from facourse.cuda_build import load_cuda_extension, nvcc_compile_check
+from facourse.cuda_host_check import check_device_functions, report_unwritten
 
 KERNEL_DIR = Path.cwd()                       # this notebook's folder
 STUDENT_SOURCE = KERNEL_DIR / "student_kernel.cu"
@@ -98,16 +102,35 @@ def flash_attention_cuda(q, k, v, causal=False, scale=None):
 # ## Compile check (runs anywhere `nvcc` is installed, GPU or not)
 #
 # `nvcc` compiles your file for sm_80 with `-Xptxas -v`. Read the table: a kernel over 255 registers
-# or with spills (bytes of local memory per thread) will be slow; the solution uses no spills.
+# or with spills (bytes of local memory per thread) will be slow; the solution uses no spills. A
+# function whose body is still the stub (it carries the line `FA_TODO("...")`) is listed as not
+# implemented: delete that line when you write the function.
 
 # %% nbgrader={"grade": false, "grade_id": "compile_check", "locked": true, "schema_version": 3, "solution": false, "task": false}
 compile_report = nvcc_compile_check(STUDENT_SOURCE, "sm_80", include_dirs=[KERNEL_DIR])
-if compile_report.ok and not compile_report.spills:
-    print("Compiles without spills. The graded tests below run it on a GPU.")
+unwritten = report_unwritten(STUDENT_SOURCE)
+if compile_report.ok and not compile_report.spills and not unwritten:
+    print("Compiles without spills. The CPU check below tests each function; the graded tests run the kernel on a GPU.")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "cpu_md", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## CPU check (runs anywhere `g++` is installed, GPU or not)
+#
+# Your file is compiled with `g++` against a host stand-in of `fa_primitives.cuh`: one warp is 32
+# threads that meet at every shuffle, and `cp_async_16`, `ldmatrix_x4` and `mma_16816` are emulated
+# after the PTX ISA's fragment tables. Each function runs on one warp's data and is compared with a
+# NumPy reference of the same fragments: `load_tile_async` on four tiles (strided rows, rows past
+# `rows_valid`), read back through `swizzle<D>`; `qk_tile` and `pv_tile` on 16 rows x 64 keys, D = 64
+# and 128; `online_softmax_update` on five calls that each isolate one step (the first tile, a growing
+# max, a steady max, rows whose keys are all masked so far, a masked tile). A wrong result names its
+# likely cause. It takes a few seconds (the build is cached until you edit the file). It cannot show
+# the real instructions, the whole kernel or its speed: the output says what only a GPU checks.
+
+# %% nbgrader={"grade": false, "grade_id": "cpu_checks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+check_device_functions(STUDENT_SOURCE)
 
 # %% nbgrader={"grade": true, "grade_id": "test_small", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-require_gpu(what="the correctness tests of step 06")
-check_entry_point(flash_attention_cuda, "small", expect_lse=True)
+if gpu_or_skip(what="this test (your kernel on the configuration `small`)"):
+    check_entry_point(flash_attention_cuda, "small", expect_lse=True)
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_small", flash_attention_cuda)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 __all__ = ["CompileReport", "HOPPER_OPCODES", "KernelResources", "SassCheckError", "ToolUnavailable", "check_sass",
            "count_opcodes", "find_cuobjdump", "gencode_flag", "load_cuda_extension", "nvcc_compile_check",
-           "sass_opcodes", "sass_summary"]
+           "nvcc_errors", "sass_opcodes", "sass_summary"]
 
 
 def gencode_flag(arch: str) -> str:
@@ -190,6 +190,18 @@ def _source_file(source, tmp: str, include_dirs) -> tuple[Path, list[str]]:
     return src, [str(Path(d).resolve()) for d in include_dirs] or [str(src.resolve().parent)]
 
 
+# nvcc's closing count ("2 errors detected in the compilation of "x.cu".") is no error of its own
+_ERROR_SUMMARY = re.compile(r"^\d+ errors? detected in the compilation of ")
+_ERROR_LINE = re.compile(r"\b(error|fatal)\b", re.I)
+
+
+def nvcc_errors(log: str) -> list[str]:
+    """The error lines of an nvcc log: front end (``x.cu(12): error: ...``), host compiler, ptxas and
+    ``nvcc fatal``; not the source lines nvcc echoes under them (indented) nor its closing count."""
+    return [ln for ln in log.splitlines()
+            if ln and not ln[0].isspace() and _ERROR_LINE.search(ln) and not _ERROR_SUMMARY.match(ln)]
+
+
 def nvcc_compile_check(source, arch: str = "sm_80", extra=(), include_dirs=(), nvcc: str | None = None,
                        timeout: float = 300, verbose: bool = True) -> CompileReport:
     """Compile ``source`` (a path to a .cu file, or CUDA source text) to an object file for ``arch``
@@ -206,7 +218,7 @@ def nvcc_compile_check(source, arch: str = "sm_80", extra=(), include_dirs=(), n
             log, ok = f"nvcc not found ({nvcc}): install the CUDA toolkit to check CUDA code on this machine", False
         except subprocess.TimeoutExpired:
             log, ok = f"nvcc did not finish in {timeout:.0f} s", False
-    errors = [ln for ln in log.splitlines() if "error" in ln.lower()] if not ok else []
+    errors = nvcc_errors(log) if not ok else []
     if not ok and not errors:
         errors = log.strip().splitlines()[-10:]
     rep = CompileReport(ok, arch, cmd, log, errors, parse_ptxas(log) if ok else [])
@@ -304,7 +316,7 @@ def sass_opcodes(source, arch: str = "sm_90a", include_dirs=(), extra=(), nvcc: 
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"nvcc did not finish in {timeout:.0f} s") from None
         if r.returncode != 0:
-            errs = [ln for ln in (r.stderr + r.stdout).splitlines() if "error" in ln.lower()]
+            errs = nvcc_errors(r.stderr + r.stdout)
             raise RuntimeError(f"nvcc failed for {arch}:\n" + "\n".join((errs or (r.stderr + r.stdout).splitlines())[:20]))
         env = dict(os.environ)      # cuobjdump runs nvdisasm, which the pip wheels put next to it
         tool_dir = str(Path(cuobjdump).parent)
