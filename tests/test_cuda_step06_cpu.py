@@ -262,4 +262,4 @@ def test_visible_cells_name_each_planted_bug(tmp_path):
         if not err.startswith("HostCheckError") or missing or others:
             wrong[name] = f"missing {missing}, other failing cells {others}: {err or 'no failure'}"
         print(f"{name}: {err}")
-    assert not wrong, wrong
+    assert not wrong, "\n".join(f"{name}: {why}" for name, why in wrong.items())
