@@ -165,6 +165,19 @@ def test_a_marker_left_in_a_written_function_does_not_fail_it(tmp_path):
     assert res.status == "pass" and "delete that line" in res.message
 
 
+@needs_gxx
+def test_a_file_g_plus_plus_cannot_build_is_not_checked_and_not_failed(tmp_path, capsys):
+    """Inline PTX of the student's own (the stand-in has no PTX): the CPU check says so and checks nothing."""
+    code = SOLUTION.replace("    const float m_use = fa::finite_max(m_new);",
+                            '    float m_use;\n    asm("mov.f32 %0, %1;" : "=f"(m_use) : "f"(fa::finite_max(m_new)));')
+    assert code != SOLUTION
+    (tmp_path / "student_kernel.cu").write_text(code)
+    rep = hc.check_device_functions(tmp_path / "student_kernel.cu")
+    out = capsys.readouterr().out
+    assert not rep.build.ok and {r.status for r in rep.results} == {"skipped"}, rep.results
+    assert "not checked: g++ could not compile your file" in out and "What only a GPU checks" in out
+
+
 # ----------------------------------------------------------------------------- the visible cells
 RUNNER = textwrap.dedent("""
     import contextlib, io, json, os, sys, time, traceback

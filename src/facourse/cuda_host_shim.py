@@ -46,6 +46,8 @@ struct __half { uint16_t __x; };
 struct __nv_bfloat16 { uint16_t __x; };
 struct __half2 { __half x, y; };
 struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+using half = __half;
+using nv_bfloat16 = __nv_bfloat16;
 inline uint16_t fa_f2h(float f) { _Float16 h = (_Float16)f; uint16_t b; std::memcpy(&b, &h, 2); return b; }
 inline float fa_h2f(uint16_t b) { _Float16 h; std::memcpy(&h, &b, 2); return (float)h; }
 inline uint16_t fa_f2bf(float f) {
