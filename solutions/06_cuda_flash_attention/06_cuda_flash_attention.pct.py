@@ -45,7 +45,7 @@ import torch
 
 from facourse import check_entry_point, gpu_or_skip, has_gpu, require_gpu, validate_inputs
 from facourse.cuda_build import load_cuda_extension, nvcc_compile_check
-from facourse.cuda_host_check import check_device_functions, report_unwritten
+from facourse.cuda_host_check import check_device_functions, prebuild_host_check, report_unwritten
 
 KERNEL_DIR = Path.cwd()                       # this notebook's folder
 STUDENT_SOURCE = KERNEL_DIR / "student_kernel.cu"
@@ -107,6 +107,7 @@ def flash_attention_cuda(q, k, v, causal=False, scale=None):
 # implemented: delete that line when you write the function.
 
 # %% nbgrader={"grade": false, "grade_id": "compile_check", "locked": true, "schema_version": 3, "solution": false, "task": false}
+prebuild_host_check(STUDENT_SOURCE)   # g++ builds the CPU check below while nvcc runs
 compile_report = nvcc_compile_check(STUDENT_SOURCE, "sm_80", include_dirs=[KERNEL_DIR])
 unwritten = report_unwritten(STUDENT_SOURCE)
 if compile_report.ok and not compile_report.spills and not unwritten:

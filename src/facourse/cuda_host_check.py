@@ -30,6 +30,8 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +40,7 @@ import numpy as np
 from .cuda_host_shim import DRIVER, SHIM
 
 __all__ = ["FUNCTIONS", "GPU_ONLY", "HostBuild", "HostCheckError", "HostCheckReport", "build_host_driver",
-           "check_device_functions", "report_unwritten", "unwritten_functions"]
+           "check_device_functions", "prebuild_host_check", "report_unwritten", "unwritten_functions"]
 
 #: the exercise's four device functions, in the order the kernel calls them
 FUNCTIONS = ("load_tile_async", "qk_tile", "online_softmax_update", "pv_tile")
@@ -96,36 +98,72 @@ def _cache_root() -> Path:
     return Path(os.environ.get("FACOURSE_HOST_CHECK_CACHE") or Path(tempfile.gettempdir()) / "facourse_host_check")
 
 
-def build_host_driver(source, cxx: str | None = None, timeout: float = 120) -> HostBuild:
-    """g++ -std=c++20 of the student's file with the host shim and the driver; cached by content hash."""
-    src_path = Path(source)
-    text = src_path.read_text()
+_FLAGS = ["-std=c++20", "-O1", "-pthread", "-w"]
+_BUILDS: dict[str, Future] = {}          # content hash -> the build (running or done) of this process
+_BUILDS_LOCK = threading.Lock()
+_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="facourse_host_build")
+
+
+def _submit_build(source, cxx: str | None, timeout: float) -> Future | HostBuild:
+    text = Path(source).read_text()
     cxx = cxx or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         return HostBuild(False, None, "no C++ compiler (g++) on this machine")
-    flags = ["-std=c++20", "-O1", "-pthread", "-w"]
-    key = hashlib.sha256("\0".join([text, SHIM, DRIVER, cxx, *flags]).encode()).hexdigest()[:20]
+    key = hashlib.sha256("\0".join([text, SHIM, DRIVER, cxx, *_FLAGS]).encode()).hexdigest()[:20]
+    with _BUILDS_LOCK:
+        fut = _BUILDS.get(key)
+        if fut is None or _stale(fut):
+            fut = _BUILDS[key] = _POOL.submit(_build, text, cxx, key, timeout)
+    return fut
+
+
+def _stale(fut: Future) -> bool:
+    """A finished build to do again: it raised, or its binary has gone (a cleaned temporary folder)."""
+    if not fut.done():
+        return False
+    if fut.exception() is not None:
+        return True
+    res = fut.result()
+    return res.ok and not res.binary.exists()
+
+
+def prebuild_host_check(source, cxx: str | None = None, timeout: float = 120) -> None:
+    """Start the CPU check's g++ build in the background and return at once (the notebook starts it
+    before nvcc's compile check, so both compilers run at the same time)."""
+    _submit_build(source, cxx, timeout)
+
+
+def build_host_driver(source, cxx: str | None = None, timeout: float = 120) -> HostBuild:
+    """g++ -std=c++20 of the student's file with the host shim and the driver; cached by content hash
+    (on disk, and a build already under way in this process is waited for, not started again)."""
+    fut = _submit_build(source, cxx, timeout)
+    return fut if isinstance(fut, HostBuild) else fut.result()
+
+
+def _build(text: str, cxx: str, key: str, timeout: float) -> HostBuild:
     out = _cache_root() / key
     binary = out / "fa_host_driver"
     if binary.exists():
         return HostBuild(True, binary, "cached")
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="build_", dir=out))
-    (tmp / "student_kernel.cu").write_text(text)
-    (tmp / "fa_primitives.cuh").write_text(SHIM)
-    (tmp / "fa_harness.cuh").write_text("// (the host check runs the device functions alone)\n")
-    (tmp / "fa_params.h").write_text("#pragma once\n#include <stdint.h>\n")
-    (tmp / "driver.cpp").write_text(DRIVER)
-    cmd = [cxx, *flags, "-I", str(tmp), str(tmp / "driver.cpp"), "-o", str(tmp / "fa_host_driver")]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return HostBuild(False, None, f"g++ did not finish in {timeout:.0f} s")
-    if r.returncode != 0:
-        return HostBuild(False, None, (r.stderr + r.stdout).replace(str(tmp) + "/", ""))
-    (tmp / "fa_host_driver").replace(binary)       # atomic: a concurrent build never sees half a file
-    shutil.rmtree(tmp, ignore_errors=True)
-    return HostBuild(True, binary, r.stderr)
+        (tmp / "student_kernel.cu").write_text(text)
+        (tmp / "fa_primitives.cuh").write_text(SHIM)
+        (tmp / "fa_harness.cuh").write_text("// (the host check runs the device functions alone)\n")
+        (tmp / "fa_params.h").write_text("#pragma once\n#include <stdint.h>\n")
+        (tmp / "driver.cpp").write_text(DRIVER)
+        cmd = [cxx, *_FLAGS, "-I", str(tmp), str(tmp / "driver.cpp"), "-o", str(tmp / "fa_host_driver")]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return HostBuild(False, None, f"g++ did not finish in {timeout:.0f} s")
+        if r.returncode != 0:
+            return HostBuild(False, None, (r.stderr + r.stdout).replace(str(tmp) + "/", ""))
+        (tmp / "fa_host_driver").replace(binary)       # atomic: a concurrent build never sees half a file
+        return HostBuild(True, binary, r.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class _RunError(RuntimeError):
