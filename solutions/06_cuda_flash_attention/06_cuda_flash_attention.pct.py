@@ -127,7 +127,7 @@ if compile_report.ok and not compile_report.spills and not unwritten:
 # the real instructions, the whole kernel or its speed: the output says what only a GPU checks.
 
 # %% nbgrader={"grade": false, "grade_id": "cpu_checks", "locked": true, "schema_version": 3, "solution": false, "task": false}
-check_device_functions(STUDENT_SOURCE)
+cpu_report = check_device_functions(STUDENT_SOURCE)   # raises, naming the cause, when a function is wrong
 
 # %% nbgrader={"grade": true, "grade_id": "test_small", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 if gpu_or_skip(what="this test (your kernel on the configuration `small`)"):

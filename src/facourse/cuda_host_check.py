@@ -191,7 +191,6 @@ def c_coords(lane: int, i: int) -> tuple[int, int]:
     return g + 8 * (i >> 1), 2 * t + (i & 1)
 
 
-_LANE = np.arange(32)
 _ROWS = np.array([[c_coords(L, i)[0] for i in range(4)] for L in range(32)])   # [lane, i]
 _COLS = np.array([[c_coords(L, i)[1] for i in range(4)] for L in range(32)])
 
@@ -575,8 +574,6 @@ def _check_pv(binary: Path) -> FunctionResult:
         if np.abs(O - O0 - Ph @ _unswizzled_view(V).astype(np.float64)).max() <= tol:
             return FunctionResult("pv_tile", "fail", where + "V is read from shared memory without the swizzle: "
                                   "row r, column c of the tile is at sV + swizzle<D>(r, c)")
-        if np.abs(O - O0 - P @ Vd).max() <= tol and np.abs(ref - O0 - P @ Vd).max() > tol:
-            pass   # fp32 P: cannot happen through pack2; fall through to the generic message
         wrong = _blocks_wrong(O, ref, tol)
         return FunctionResult("pv_tile", "fail", where + (
             f"O += P V is wrong in column blocks {wrong} (o[d] = columns 8d..8d+7). The A fragment of P for "
