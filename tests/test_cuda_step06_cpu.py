@@ -247,9 +247,9 @@ def test_visible_cells_on_cpu_solution_and_stub(tmp_path):
     assert sol["cpu_checks"]["out"].count(" ok: ") == 4 and "What only a GPU checks" in sol["cpu_checks"]["out"]
     assert sol["cpu_checks"]["s"] < 30, sol["cpu_checks"]["s"]
     # the visible cells (set-up cells aside, as in test_visible_feedback.py): nvcc and g++ side by side,
-    # about 11 s here under a load of 5 on 2 cores
+    # 11-15 s measured on 2 cores under a load of 5; the bound leaves room for nvcc on a busier machine
     visible = sum(sol[g]["s"] for g in ("compile_check", "cpu_checks", "test_small"))
-    assert visible < 30, {g: c["s"] for g, c in sol.items()}
+    assert visible < 45, {g: c["s"] for g, c in sol.items()}
     # the GPU test says so in one sentence and does not stop Run All
     assert sol["test_small"]["out"].startswith("Skipped: this test (your kernel on the configuration `small`) needs "
                                                "an NVIDIA GPU"), sol["test_small"]["out"]
