@@ -29,7 +29,7 @@ from pathlib import Path
 #: Names the test cells call or rely on; a student cell that rebinds one is tampering.
 PROTECTED = {"judge", "check_entry_point", "check_all", "check_attention", "check_softmax_fn",
              "check_merge_fn", "check_no_caching", "forbid_framework_attention", "check_gradients",
-             "gradcheck", "forward_backward", "check_visible", "check_paged_decode", "check_paged_bad_inputs",
+             "gradcheck", "forward_backward", "check_visible", "check_paged_decode", "check_paged_bad_inputs", "check_device_functions",
              "require_gpu", "require_sm90a", "on_hopper", "check_sass", "nvcc_compile_check",
              "KERNEL_DIR", "STUDENT_SOURCE", "facourse", "autograder", "torch", "print"}
 MODULES = {"torch", "facourse", "autograder", "builtins", "sys", "os", "importlib", "IPython", "F",

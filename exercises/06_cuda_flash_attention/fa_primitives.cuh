@@ -16,6 +16,8 @@
 #include "fa_params.h"
 
 #define FA_DEVICE __device__ __forceinline__
+// Marks a body of student_kernel.cu that is still the stub (the notebook reports it as not implemented).
+#define FA_TODO(name)
 
 FA_DEVICE uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

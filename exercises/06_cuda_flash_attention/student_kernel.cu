@@ -21,6 +21,7 @@
 template <int ROWS, int D, int NTHREADS, typename T>
 FA_DEVICE void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int rows_valid, int tid) {
   // YOUR CODE HERE (about 9 lines)
+  FA_TODO("load_tile_async");  // the stub's marker: delete this line when you write the body
   (void)smem; (void)gmem; (void)row_stride; (void)rows_valid; (void)tid;
 }
 
@@ -32,6 +33,7 @@ FA_DEVICE void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int r
 template <int D, int BLOCK_N, typename T>
 FA_DEVICE void qk_tile(float (&s)[BLOCK_N / 8][4], const uint32_t (&q_frag)[D / 16][4], const T* sK, int lane) {
   // YOUR CODE HERE (about 11 lines)
+  FA_TODO("qk_tile");  // the stub's marker: delete this line when you write the body
   for (int n = 0; n < BLOCK_N / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
   (void)q_frag; (void)sK; (void)lane;
 }
@@ -49,6 +51,7 @@ template <int NB, int DB, class Rescale = fa::EagerRescale>
 FA_DEVICE void online_softmax_update(float (&s)[NB][4], float (&m_i)[2], float (&l_i)[2], float (&o)[DB][4],
                                      float scale_log2) {
   // YOUR CODE HERE (about 24 lines)
+  FA_TODO("online_softmax_update");  // the stub's marker: delete this line when you write the body
   (void)s; (void)m_i; (void)l_i; (void)o; (void)scale_log2;
 }
 
@@ -60,6 +63,7 @@ FA_DEVICE void online_softmax_update(float (&s)[NB][4], float (&m_i)[2], float (
 template <int D, int BLOCK_N, typename T>
 FA_DEVICE void pv_tile(float (&o)[D / 8][4], const float (&p)[BLOCK_N / 8][4], const T* sV, int lane) {
   // YOUR CODE HERE (about 15 lines)
+  FA_TODO("pv_tile");  // the stub's marker: delete this line when you write the body
   (void)o; (void)p; (void)sV; (void)lane;
 }
 
