@@ -55,9 +55,15 @@ def test_ladder_results_follow_the_one_schema():
             if r["kind"] == "check":
                 assert r["check"] in ("ok", "error"), (f.name, r)
             elif "error" not in r:
-                assert r["ratio"] > 0 and r["tflops"] > 0 and r["ref_backend"], (f.name, r)
+                rate = "gbps" if d.get("mode") == "decode" else "tflops"    # step 09: GB/s of K/V read
+                assert r["ratio"] > 0 and r[rate] > 0 and r[rate + "_ref"] > 0 and r["ref_backend"], (f.name, r)
         checks = [r for r in d["rows"] if r["kind"] == "check" and r["rung"] == d["solution"]]
-        assert len(checks) >= 12, f"{f.name}: the solution must be checked on the five and the edge cases"
+        if d.get("mode") == "decode":
+            from facourse.decode import DECODE_CASES
+            assert {r["config"] for r in checks} == set(DECODE_CASES), f"{f.name}: the solution on every decode case"
+            assert 0 < d["env"]["copy_gbps"], f.name
+        else:
+            assert len(checks) >= 12, f"{f.name}: the solution must be checked on the five and the edge cases"
 
 
 def test_lecture_copy_ships_what_the_lectures_read():
