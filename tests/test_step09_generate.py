@@ -1,4 +1,4 @@
-"""Step 09 in use: solutions/09_decode_paged_kv/generate.py, a tiny transformer generating through
+"""Step 09 in use: solutions/09_decode_paged_kv/ladder/generate.py, a tiny transformer generating through
 a paged KV cache (prefill by step 05's kernel, decode by step 09's), in Triton's interpreter.
 
 One subprocess (TRITON_INTERPRET=1 set before triton is imported, whatever other test modules
@@ -22,7 +22,7 @@ import textwrap
 
 from conftest import ROOT
 
-GENERATE = ROOT / "solutions" / "09_decode_paged_kv" / "generate.py"
+GENERATE = ROOT / "solutions" / "09_decode_paged_kv" / "ladder" / "generate.py"
 LENGTHS, NEW_TOKENS, PAGE = (5, 16, 29), 8, 16
 
 SCRIPT = f"""

@@ -25,7 +25,7 @@ every step with PyTorch's ``scaled_dot_product_attention(is_causal=True)`` (no c
 expanded), and the paged generation must produce the same tokens, token for token, with logits
 close to the reference's. tests/test_step09_generate.py runs it in Triton's interpreter (float32).
 
-Run:  python solutions/09_decode_paged_kv/generate.py
+Run:  python solutions/09_decode_paged_kv/ladder/generate.py   (a support file of the ladder, no rung)
 On a CPU (Triton's interpreter): 3 prompts of 5, 16 and 29 tokens, 8 new tokens, pages of 16.
 On a GPU (fp16; step 05's solution rung needs sm_90, an H100): 16 prompts of 40 to 500 tokens,
 64 new tokens; it prints whether the tokens match the reference and the decode rate in tokens/s
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 for _p in (str(ROOT), str(ROOT / "src")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
