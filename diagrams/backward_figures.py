@@ -19,16 +19,13 @@ FIGURES maps a figure name to fn(out_dir) -> path, like diagrams/draw.py, which 
 """
 from __future__ import annotations
 
-import os
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 
-DPI = 110
-INK = "#222222"
+from figstyle import INK, save as _save  # noqa: E402
 COL = dict(full="#4a90d9", diag="#f5b041", skip="#eeeeee", kv="#16a085", q="#8e44ad", hbm="#d9534f",
            tc="#4a90d9", sfu="#f5b041", fma="#5cb85c", mem="#d9534f", reg="#5cb85c")
 
@@ -62,14 +59,6 @@ def _box(ax, x, y, w, h, text, color, fs=9, tc="black", lw=1.0, alpha=1.0):
 def _arrow(ax, p, q, color=INK, lw=1.3, ls="-", rad=0.0, ms=11):
     ax.add_patch(FancyArrowPatch(p, q, arrowstyle="-|>", mutation_scale=ms, color=color, lw=lw, linestyle=ls,
                                  connectionstyle=f"arc3,rad={rad}"))
-
-
-def _save(fig, name, out):
-    path = os.path.join(out, name + ".png")
-    fig.savefig(path, dpi=DPI, metadata={"Software": None}, facecolor="white", bbox_inches="tight",
-                pad_inches=0.12)
-    plt.close(fig)
-    return path
 
 
 def _grid(ax):

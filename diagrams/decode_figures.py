@@ -22,16 +22,13 @@ FIGURES maps a figure name to fn(out_dir) -> path, like diagrams/draw.py, which 
 """
 from __future__ import annotations
 
-import os
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 
-DPI = 110
-INK = "#222222"
+from figstyle import INK, save as _save  # noqa: E402
 SEQ = ["#4a90d9", "#16a085", "#8e44ad"]          # sequences 0, 1, 2
 SHARED = "#f0ad4e"                                # the shared prefix pages
 FREE = "#eeeeee"
@@ -46,14 +43,6 @@ NUM_PAGES = 12
 
 # The SM panel of flash_decoding_split: B = 1, Hq = 32, Hkv = 8, 16 splits, an H100's 132 SMs.
 SMS, B, HQ, HKV, SPLITS = 132, 1, 32, 8, 16
-
-
-def _save(fig, name, out):
-    path = os.path.join(out, name + ".png")
-    fig.savefig(path, dpi=DPI, metadata={"Software": None}, facecolor="white", bbox_inches="tight",
-                pad_inches=0.12)
-    plt.close(fig)
-    return path
 
 
 def _box(ax, x, y, w, h, text, color, fs=9, tc="black", lw=1.0, alpha=1.0, ls="-"):

@@ -36,7 +36,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DPI = 110
+sys.path.insert(0, HERE)          # the figure modules beside this file
+from figstyle import save as _save  # noqa: E402
 
 # --- hardware table --------------------------------------------------------------------------
 GPUS = {
@@ -54,14 +55,6 @@ def smem_tbs(g):
 
 C = dict(hbm="#d9534f", l2="#f0ad4e", smem="#5bc0de", reg="#5cb85c", grey="#bbbbbb",
          full="#4a90d9", diag="#f5b041", skip="#eeeeee", ink="#222222", q="#8e44ad", kv="#16a085")
-
-
-def _save(fig, name, out):
-    path = os.path.join(out, name + ".png")
-    fig.savefig(path, dpi=DPI, metadata={"Software": None}, facecolor="white", bbox_inches="tight",
-                pad_inches=0.12)
-    plt.close(fig)
-    return path
 
 
 def _box(ax, x, y, w, h, text, color, fs=10, tc="black", alpha=1.0, lw=1.0, style="round,pad=0.02"):
@@ -571,7 +564,6 @@ FIGURES = {f.__name__: f for f in (memory_hierarchy, roofline, tiling_grid, onli
                                      triton_program_id, causal_tiles, gqa_heads, hbm_trips_vanilla,
                                      loop_order, timer_window)}
 # Step 06's fragment layouts live beside their index functions (which the tests also use).
-sys.path.insert(0, HERE)
 from fragments import FIGURES as _FRAGMENT_FIGURES  # noqa: E402
 
 FIGURES.update(_FRAGMENT_FIGURES)

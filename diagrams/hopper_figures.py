@@ -15,16 +15,13 @@ FIGURES maps a figure name to fn(out_dir) -> path, like diagrams/draw.py, which 
 """
 from __future__ import annotations
 
-import os
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 
-DPI = 110
-INK = "#222222"
+from figstyle import INK, save as _save  # noqa: E402
 COL = dict(hbm="#d9534f", smem="#5bc0de", reg="#5cb85c", prod="#f0ad4e", q="#8e44ad", k="#16a085",
            v="#2e86c1", gemm0="#4a90d9", gemm1="#8e44ad", softmax="#f5b041", idle="#eeeeee",
            bar="#c0392b")
@@ -131,15 +128,6 @@ def _box(ax, x, y, w, h, text, color, fs=9, tc="black", alpha=1.0, lw=1.0, ec=IN
 def _arrow(ax, p, q, color=INK, lw=1.4, ls="-", rad=0.0, ms=11):
     ax.add_patch(FancyArrowPatch(p, q, arrowstyle="-|>", mutation_scale=ms, color=color, lw=lw, linestyle=ls,
                                  connectionstyle=f"arc3,rad={rad}"))
-
-
-def _save(fig, name, out):
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, f"{name}.png")
-    fig.savefig(path, dpi=DPI, metadata={"Software": None}, facecolor="white", bbox_inches="tight",
-                pad_inches=0.12)
-    plt.close(fig)
-    return path
 
 
 def _barrier(ax, x, y, label, color):

@@ -10,16 +10,13 @@ FIGURES maps a figure name to fn(out_dir) -> path, like diagrams/draw.py, which 
 """
 from __future__ import annotations
 
-import os
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
-DPI = 110
-INK = "#222222"
+from figstyle import INK, save as _save  # noqa: E402
 COL = dict(hbm="#d9534f", prod="#f0ad4e", k="#16a085", v="#2e86c1", cons="#5cb85c", qk="#4a90d9",
            pv="#8e44ad", softmax="#f5b041", idle="#eeeeee", bar="#c0392b")
 
@@ -107,10 +104,7 @@ def sm80_ws_overlap(out):
     fig, (a, b) = plt.subplots(2, 1, figsize=(11.5, 7.2), gridspec_kw={"height_ratios": [1.15, 1.0]})
     _cta(a)
     _loops(b)
-    path = os.path.join(out, "sm80_ws_overlap.png")
-    fig.savefig(path, dpi=DPI, metadata={"Software": None}, facecolor="white", bbox_inches="tight", pad_inches=0.12)
-    plt.close(fig)
-    return path
+    return _save(fig, "sm80_ws_overlap", out)
 
 
 FIGURES = {"sm80_ws_overlap": sm80_ws_overlap}

@@ -23,8 +23,6 @@ FIGURES maps a figure name to fn(out_dir) -> path, like diagrams/draw.py, which 
 """
 from __future__ import annotations
 
-import os
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -32,8 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-DPI = 110
-INK = "#222222"
+from figstyle import INK, save as _save  # noqa: E402
 COL = dict(full="#4a90d9", diag="#f5b041", skip="#eeeeee")
 
 # The block_masks example (lecture 10 uses the same numbers for its first pictures).
@@ -66,14 +63,6 @@ def tile_classes(mask, tile):
     T = mask.shape[0] // tile
     t = mask.reshape(T, tile, T, tile).transpose(0, 2, 1, 3).reshape(T, T, tile * tile)
     return np.where(t.all(-1), 2, np.where(t.any(-1), 1, 0))
-
-
-def _save(fig, name, out):
-    path = os.path.join(out, name + ".png")
-    fig.savefig(path, dpi=DPI, metadata={"Software": None}, facecolor="white", bbox_inches="tight",
-                pad_inches=0.12)
-    plt.close(fig)
-    return path
 
 
 def _rgb(hex_color):

@@ -109,6 +109,26 @@ def grade_assignments(tmp_path: Path, submissions: dict[str, dict], timeout: flo
     return out
 
 
+def solution_and_stub(step: str, max_points: float, gpu_only: set, gpu_points: float) -> dict:
+    """A step's ``GRADING`` (tests/test_exercise_grading.py): its solution, put into the released
+    notebook, scores every point but those of ``gpu_only`` (``gpu_points`` in all), which the judge
+    gives 0 here saying there is no GPU; the untouched stub scores 0."""
+    def submissions():
+        release = release_notebook(step)
+        return {"solved": fill(release, solution_code(step)), "stub": release}
+
+    def check(res, workspace):
+        sol, stub = res["solved"], res["stub"]
+        assert sol.status == "graded" and stub.status == "graded", (sol.status, stub.status)
+        assert sol.auto_max_score == max_points
+        assert set(sol.failed) == gpu_only, (sol.failed, sol.messages)
+        assert all("No GPU here" in sol.messages[c] for c in gpu_only), sol.messages
+        assert sol.score == max_points - gpu_points
+        assert stub.score == 0, (stub.score, stub.failed)
+
+    return {step: (submissions, check)}
+
+
 _PLANTED_RUNNER = """
 import json, sys
 sys.path[:0] = [{src!r}, {root!r}]

@@ -10,31 +10,14 @@ autograder.gpu_selftest 09`` on a GPU machine.
 """
 from __future__ import annotations
 
-from conftest import assert_planted_bugs_named, fill, release_notebook, solution_code
+from conftest import assert_planted_bugs_named, solution_and_stub
 
 STEP = "09_decode_paged_kv"
 GPU_ONLY = {"test_bf16", "perf_b64_8k_p16", "perf_b16_32k_p64"}
-SOLUTION = solution_code(STEP)
 
 
-def grading_submissions():
-    """Graded by tests/test_exercise_grading.py, in one autograde run with the other steps'."""
-    release = release_notebook(STEP)
-    return {"solved": fill(release, SOLUTION), "stub": release}
-
-
-def check_grading(res, workspace):
-    """The solution scores every CPU point (15 minus bf16 and speed); the stub scores 0."""
-    sol, stub = res["solved"], res["stub"]
-    assert sol.status == "graded" and stub.status == "graded", (sol.status, stub.status)
-    assert sol.auto_max_score == 15
-    assert set(sol.failed) == GPU_ONLY, (sol.failed, sol.messages)
-    assert all("No GPU here" in sol.messages[c] for c in GPU_ONLY), sol.messages
-    assert sol.score == 15 - 6
-    assert stub.score == 0, (stub.score, stub.failed)
-
-
-GRADING = {STEP: (grading_submissions, check_grading)}
+# the solution scores every CPU point (15 minus bf16 and speed: 6); the stub scores 0
+GRADING = solution_and_stub(STEP, 15, GPU_ONLY, 6)
 
 
 # (the cell, the solution's text, the mistake, the test that loses its point, what its message names)

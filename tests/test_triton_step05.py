@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, fill, load_module, release_notebook, solution_code
+from conftest import ROOT, load_module, solution_and_stub
 
 STEP = "05_triton_flash_attention"
 LADDER = ROOT / "solutions" / STEP / "ladder"
@@ -88,25 +88,8 @@ def test_check_catches_a_wrong_kernel():
     assert "caught" in r.stdout
 
 
-def grading_submissions():
-    """Graded by tests/test_exercise_grading.py, in one autograde run with the other steps'."""
-    release = release_notebook(STEP)
-    return {"solved": fill(release, solution_code(STEP)), "stub": release}
-
-
-def check_grading(res, workspace):
-    """The solution scores every correctness point and 0 for speed on CPU; the stub scores 0."""
-    sol, stub = res["solved"], res["stub"]
-    assert sol.status == "graded" and stub.status == "graded"
-    assert sol.auto_max_score == 14
-    # without a GPU the judge gives the perf cells 0 and says why; nothing else fails
-    assert set(sol.failed) == PERF_CELLS, (sol.failed, sol.messages)
-    assert all("No GPU here" in sol.messages[c] for c in PERF_CELLS), sol.messages
-    assert sol.score == sol.auto_max_score - 4
-    assert stub.score == 0, (stub.score, stub.failed)
-
-
-GRADING = {STEP: (grading_submissions, check_grading)}
+# the solution scores every correctness point and 0 for speed on CPU (4 points); the stub scores 0
+GRADING = solution_and_stub(STEP, 14, PERF_CELLS, 4)
 
 
 def test_compiles_for_sm90_without_gpu():

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 
+from .bench import BenchResult
 from .check import (ABS_SLACK, REL_LIMIT, AttentionCheckError, _check_lse, is_collecting,
                     nan_filled_allocations)
 from .configs import default_dtype, resolve_device
@@ -606,29 +607,17 @@ def contiguous_kv(inp: PagedInputs):
     return torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
 
 
-@dataclass
-class DecodeBenchResult:
-    config: str
-    gpu: str
-    dtype: str
-    backend: str
-    t_student_ms: float
-    t_ref_ms: float
-    gbps_student: float       # K and V bytes read per second (GB/s)
+@dataclass(kw_only=True)
+class DecodeBenchResult(BenchResult):
+    """facourse.bench's result, with the decode's own figure: the rate K and V are read at."""
+    gbps_student: float       # bytes of K and V per second (GB/s)
     gbps_ref: float
-    ratio: float              # t_ref / t_student
     kv_bytes: int
-    host_student_us: float = float("nan")
-    host_ref_us: float = float("nan")
 
     def summary(self) -> str:
         return (f"{self.config} on {self.gpu}, {self.dtype}: student {self.gbps_student:.0f} GB/s of K/V "
                 f"({self.t_student_ms:.3f} ms), SDPA {self.backend} on contiguous K/V {self.gbps_ref:.0f} GB/s "
                 f"({self.t_ref_ms:.3f} ms): {self.ratio:.2f}x the reference")
-
-    def as_dict(self) -> dict:
-        from dataclasses import asdict
-        return asdict(self)
 
 
 def bench_decode(fn, case: str | DecodeCase = "b64_8k_p16", *, backend: str = "FASTEST",
@@ -650,9 +639,11 @@ def bench_decode(fn, case: str | DecodeCase = "b64_8k_p16", *, backend: str = "F
     gpu, host = time_calls(calls, max(rounds, 20), new_flush_buffer(), warmup)
     ts, tr = statistics.median(gpu["s"]), statistics.median(gpu["r"])
     nbytes = c.kv_bytes(dtype)
-    return DecodeBenchResult(c.describe(), gpu_name(), str(dtype).replace("torch.", ""), ref.backend, ts, tr,
-                             nbytes / ts / 1e6, nbytes / tr / 1e6, tr / ts, nbytes,
-                             statistics.median(host["s"]), statistics.median(host["r"]))
+    return DecodeBenchResult(config=c.describe(), gpu=gpu_name(), dtype=str(dtype).replace("torch.", ""),
+                             backend=ref.backend, t_student_ms=ts, t_ref_ms=tr, tflops_student=c.flops() / ts / 1e9,
+                             tflops_ref=c.flops() / tr / 1e9, ratio=tr / ts, host_student_us=statistics.median(host["s"]),
+                             host_ref_us=statistics.median(host["r"]), gbps_student=nbytes / ts / 1e6,
+                             gbps_ref=nbytes / tr / 1e6, kv_bytes=nbytes)
 
 
 def copy_rate_gbps(nbytes: int = 1 << 30, rounds: int = 20) -> float:

@@ -43,7 +43,6 @@ loop token for token, logits within 3.1e-2 of it.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import dataclass
