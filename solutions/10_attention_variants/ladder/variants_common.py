@@ -1,0 +1,222 @@
+"""Step 10's support file (no rung): the block mask, its builder and its reference, and the parts of
+the kernels rungs v1, v2 and v4 share (v3, the exercise's solution, carries its own code).
+
+A **block mask** classifies every (query tile, key tile) as empty, partial or full (lecture 10,
+section 3) and stores, for each query tile, the list of its partial key tiles and the list of its full
+ones, like FlexAttention's kv_num_blocks / kv_indices and full_kv_num_blocks / full_kv_indices. A
+kernel visits exactly the listed tiles: the partial ones with the mask function, the full ones without.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from facourse.triton_setup import interpret_without_gpu, validate_triton_inputs
+from facourse.variants import Mod, index_grids, mask_values, no_mask, no_score_mod
+
+interpret_without_gpu()  # before triton is imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+EMPTY, PARTIAL, FULL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)   # tile classes
+
+
+# ----------------------------------------------------------------------------- the block mask
+@dataclass(frozen=True)
+class BlockMask:
+    """For each query tile of each (batch, head): its partial key tiles and its full ones.
+
+    ``partial_num`` int32 [Bm, Hm, Tq]: how many partial key tiles; ``partial_idx`` int32
+    [Bm, Hm, Tq, Tk]: their indices first, in increasing order, then anything. ``full_*`` the same for
+    the full tiles. Bm is 1 or B, Hm 1 or Hq: a 1 is shared by every batch (head), so a kernel reads
+    row ``b if Bm > 1 else 0`` (and the same for h)."""
+    partial_num: torch.Tensor
+    partial_idx: torch.Tensor
+    full_num: torch.Tensor
+    full_idx: torch.Tensor
+    BLOCK_M: int
+    BLOCK_N: int
+    Sq: int
+    Skv: int
+
+    def kernel_args(self, B: int, Hq: int) -> tuple:
+        """(partial_num, partial_idx, full_num, full_idx, Bm, Hm), contiguous, after checking that the
+        block mask fits a call with B batches and Hq heads."""
+        Bm, Hm, Tq = self.partial_num.shape
+        Tk = self.partial_idx.shape[-1]
+        assert Bm in (1, B) and Hm in (1, Hq), f"block mask for B={Bm}, H={Hm}; the call has B={B}, Hq={Hq}"
+        assert Tq == math.ceil(self.Sq / self.BLOCK_M) and Tk == math.ceil(self.Skv / self.BLOCK_N)
+        assert self.full_num.shape == (Bm, Hm, Tq) and self.full_idx.shape == (Bm, Hm, Tq, Tk)
+        lists = (self.partial_num, self.partial_idx, self.full_num, self.full_idx)
+        return (*(t.to(torch.int32).contiguous() for t in lists), Bm, Hm)
+
+
+@triton.jit
+def tile_classes_kernel(CLASSES, INTS, FLOATS, H, Sq, Skv, Tk, mask: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program per (query tile, b * H + h): the class of each of its key tiles, [B, H, Tq, Tk]."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    row = CLASSES + (bh * tl.num_programs(0) + pid_m).to(tl.int64) * Tk
+    for t in range(0, Tk):
+        j = t * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        # padding pairs (past Sq or Skv) are never visible: a ragged tile is at most partial
+        visible = mask(b, h, i, j, Sq, Skv, INTS, FLOATS) & (i < Sq) & (j < Skv)
+        n = tl.sum(visible.to(tl.int32))
+        tl.store(row + t, tl.where(n == BLOCK_M * BLOCK_N, FULL, tl.where(n > 0, PARTIAL, EMPTY)).to(tl.int8))
+
+
+def mask_extent(mask: Mod, B: int, H: int) -> tuple[int, int]:
+    """(B or 1, H or 1): whether the mask reads b and h, from the broadcast shape of its PyTorch twin
+    on a single pair (causal gives [1, 1, 1, 1], documents [B, 1, 1, 1])."""
+    shape = mask.ref(*index_grids(B, H, 1, 1)).shape
+    return (B if shape[0] > 1 else 1), (H if shape[1] > 1 else 1)
+
+
+def tile_lists(classes: torch.Tensor, cls: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(number, indices) of the tiles of class ``cls`` in each row: those tiles first, in order."""
+    is_cls = classes == cls
+    order = torch.argsort((~is_cls).to(torch.int8), dim=-1, stable=True)
+    return is_cls.sum(-1, dtype=torch.int32), order.to(torch.int32)
+
+
+def build_block_mask(mask: Mod | None, B: int, H: int, Sq: int, Skv: int, BLOCK_M: int = 128,
+                     BLOCK_N: int = 64, device=None) -> BlockMask:
+    """The block mask of ``mask`` (None: every pair visible) for tiles of BLOCK_M x BLOCK_N. Its
+    batch and head dimensions are 1 where the mask reads neither (see :func:`mask_extent`)."""
+    mask = no_mask() if mask is None else mask
+    Bm, Hm = mask_extent(mask, B, H)
+    Tq, Tk = math.ceil(Sq / BLOCK_M), math.ceil(Skv / BLOCK_N)
+    classes = torch.zeros(Bm, Hm, Tq, Tk, dtype=torch.int8, device=device)
+    if classes.numel():
+        tile_classes_kernel[(Tq, Bm * Hm)](classes, *mask.args(device), Hm, Sq, Skv, Tk, mask.fn,
+                                           BLOCK_M, BLOCK_N)
+    (partial_num, partial_idx), (full_num, full_idx) = (tile_lists(classes, c.value) for c in (PARTIAL, FULL))
+    return BlockMask(partial_num, partial_idx, full_num, full_idx, BLOCK_M, BLOCK_N, Sq, Skv)
+
+
+def visible_pairs(block_mask: BlockMask, mask: Mod | None, B: int, Hq: int, Sq: int, Skv: int,
+                  device=None) -> torch.Tensor:
+    """bool [B, Hq, Sq, Skv]: the pairs a kernel lets through given ``block_mask``, consistent with
+    the mask or not (FlexAttention's semantics): every in-bounds pair of a listed full tile, the
+    mask's pairs of a listed partial tile, nothing of an unlisted tile. (A tile listed in both lists
+    would be counted twice by a kernel: that is no block mask.)"""
+    bm = block_mask
+
+    def listed(num, idx):
+        num, idx = num.to(device).long(), idx.to(device).long()
+        counted = torch.arange(idx.shape[-1], device=device) < num[..., None]
+        tiles = torch.zeros(idx.shape, dtype=torch.int32, device=device)
+        tiles.scatter_add_(-1, idx.where(counted, 0), counted.int())   # entries past num: ignored
+        pairs = tiles.bool().repeat_interleave(bm.BLOCK_M, -2).repeat_interleave(bm.BLOCK_N, -1)
+        return pairs[..., :Sq, :Skv].expand(B, Hq, Sq, Skv)
+
+    return listed(bm.full_num, bm.full_idx) | (listed(bm.partial_num, bm.partial_idx)
+                                               & mask_values(mask, B, Hq, Sq, Skv, device))
+
+
+# ----------------------------------------------------------------------------- host helpers
+def prepare(q, k, v, scale, mask, score_mod):
+    """The wrapper's common start: the contract's checks, the default scale, o and lse allocated (a
+    query with no key at all: o = 0, lse = -inf), and the Mods with None replaced by their no-ops.
+    Returns (o, lse, scale, mask, score_mod)."""
+    validate_triton_inputs(q, k, v, scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    o = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    lse = torch.full(q.shape[:3], -math.inf, device=q.device, dtype=torch.float32)
+    return o, lse, scale, no_mask() if mask is None else mask, no_score_mod() if score_mod is None else score_mod
+
+
+def mod_args(mask: Mod, score_mod: Mod, device) -> tuple:
+    """MASK_INTS, MASK_FLOATS, SCORE_INTS, SCORE_FLOATS: the Mods' arguments on ``device``."""
+    return (*mask.args(device), *score_mod.args(device))
+
+
+# ----------------------------------------------------------------------------- device helpers
+@triton.jit
+def online_softmax_step(acc, m_i, l_i, s, v):
+    """One key tile of the online softmax in base 2: s [BLOCK_M, BLOCK_N] in log2 units (-inf where
+    not visible), v [BLOCK_N, D]. A row that has seen no key keeps m = -inf; 0 stands in for it so that
+    exp2(-inf - m) is 0, not NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def finish(acc, m_i, l_i):
+    """O = acc / l and lse = ln 2 * (m + log2 l); a row that saw no key: O = 0, lse = -inf."""
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    return acc / l_safe[:, None], lse
+
+
+@triton.jit
+def every_tile_fwd(Q, K, V, O, LSE, MASK_VALUES,
+                   sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, smb, smh, sms,
+                   MASK_INTS, MASK_FLOATS, SCORE_INTS, SCORE_FLOATS, Hq, Sq, Skv, scale,
+                   mask: tl.constexpr, score_mod: tl.constexpr, DENSE_MASK: tl.constexpr,
+                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rungs v1 and v2: one query tile of one (batch, head) against every key tile, no skipping.
+    DENSE_MASK: the mask's values are read from MASK_VALUES (bool [B, Hq, Sq, Skv], strides sm?, 0 on
+    a broadcast dimension); else the mask function is called on the tile's indices."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    d = tl.arange(0, D)
+    q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + i * sqs + d[None, :], mask=i < Sq, other=0.0)
+    k_base = K + b.to(tl.int64) * skb + (h // GROUP).to(tl.int64) * skh
+    v_base = V + b.to(tl.int64) * svb + (h // GROUP).to(tl.int64) * svh
+    m_base = MASK_VALUES + b.to(tl.int64) * smb + h.to(tl.int64) * smh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start_n in range(0, Skv, BLOCK_N):
+        jv = start_n + tl.arange(0, BLOCK_N)[:, None]
+        j = start_n + tl.arange(0, BLOCK_N)[None, :]
+        kT = tl.load(k_base + j * sks + d[:, None], mask=j < Skv, other=0.0)      # K_j^T [D, BLOCK_N]
+        v = tl.load(v_base + jv * svs + d[None, :], mask=jv < Skv, other=0.0)     # V_j [BLOCK_N, D]
+        s = score_mod(tl.dot(q, kT) * scale, b, h, i, j, Sq, Skv, SCORE_INTS, SCORE_FLOATS)
+        if DENSE_MASK:
+            keep = tl.load(m_base + i * sms + j, mask=(i < Sq) & (j < Skv), other=0) != 0
+        else:
+            keep = mask(b, h, i, j, Sq, Skv, MASK_INTS, MASK_FLOATS) & (j < Skv)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, tl.where(keep, s * LOG2E, float("-inf")), v)
+
+    o, lse = finish(acc, m_i, l_i)
+    tl.store(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + i * sos + d[None, :], o.to(O.dtype.element_ty),
+             mask=i < Sq)
+    tl.store(LSE + bh.to(tl.int64) * Sq + i, lse[:, None], mask=i < Sq)
+
+
+def run_every_tile(q, k, v, mask, score_mod, scale, dense: bool, BLOCK_M=64, BLOCK_N=64):
+    """v1 (dense=True) and v2's wrapper: the launch of :func:`every_tile_fwd`."""
+    o, lse, scale, mask, score_mod = prepare(q, k, v, scale, mask, score_mod)
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    if Sq == 0 or Skv == 0:
+        return o, lse
+    # v1: the mask's values, bool [B, Hq, Sq, Skv] as a view (stride 0 where the mask ignores b or h,
+    # so causal stores Sq x Skv booleans once); v2 passes a placeholder it never reads
+    values = (mask_values(mask, B, Hq, Sq, Skv, q.device) if dense
+              else torch.zeros(1, 1, 1, 1, dtype=torch.bool, device=q.device))
+    grid = (triton.cdiv(Sq, BLOCK_M), B * Hq)
+    every_tile_fwd[grid](q, k, v, o, lse, values, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                         *o.stride()[:3], *values.stride()[:3], *mod_args(mask, score_mod, q.device),
+                         Hq, Sq, Skv, scale, mask.fn, score_mod.fn, dense, Hq // Hkv, D, BLOCK_M, BLOCK_N)
+    return o, lse
