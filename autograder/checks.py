@@ -20,6 +20,7 @@ from facourse import (AttnConfig, check_all, check_attention, check_entry_point,
 from facourse.backward import check_forward_backward, gradcheck_forward_backward
 from facourse.check import is_collecting
 from facourse.decode import check_paged_bad_inputs, check_paged_decode
+from facourse.variants import check_block_mask, check_perf_variant, check_tile_lists, check_variant
 
 from .guards import check_no_caching
 
@@ -118,6 +119,24 @@ def paged_bad_inputs(fn, *, seed, device):
     check_paged_bad_inputs(fn, seed=seed, device=device)
 
 
+# Step 10: ``fn`` is ``flex_attention_triton(q, k, v, mask=, score_mod=, scale=, block_mask=)``, or for
+# ``block_mask`` the builder ``build_block_mask(mask, B, H, Sq, Skv, BLOCK_M, BLOCK_N, device)``.
+def variant(fn, *, seed, device, case, dtype=None, **kw):
+    check_variant(fn, case, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
+
+
+def block_mask(fn, *, seed, device, case):
+    check_block_mask(fn, case, seed=seed, device=device)
+
+
+def tile_lists(fn, *, seed, device, case):
+    check_tile_lists(fn, case, seed=seed, device=device)
+
+
+def perf_variant(fn, *, seed, device, case):
+    check_perf_variant(fn, case, seed=seed, device=device)
+
+
 CHECKS = {f.__name__: f for f in (entry_point, no_caching, all_configs, softmax, merge, padded_strides,
                                   tile_skipping, perf_correctness, gradients, gradcheck, perf_gradients,
-                                  paged, paged_bad_inputs)}
+                                  paged, paged_bad_inputs, variant, block_mask, tile_lists, perf_variant)}

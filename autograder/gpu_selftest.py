@@ -20,7 +20,11 @@ the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same pa
    plan, the tuned solution (the ladder's) on the perf tests, and a decode that caches its output
    between calls (timed faster than HBM can deliver K and V: flagged, 0).
 
-`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05, 06, 07, 08, 09 may be named).
+6. step 10: the exercise's solution (ladder/v3_block_mask.py loads its cells) on every test of the
+   plan, the tuned solution on the perf tests, and a kernel that ignores the block mask it is given
+   (it loses the tile-lists test).
+
+`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05-10 may be named).
 
 Prints a table, writes ``$OUT/gpu_selftest.json`` (OUT defaults to ./out) and exits 1 when any
 verdict is not the expected one.
@@ -38,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None) -> int:
-    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08", "09"}
+    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08", "09", "10"}
     if not torch.cuda.is_available():
         print("No GPU here: this self-test runs on the GPU grading machine.")
         return 0
@@ -69,6 +73,8 @@ def main(argv=None) -> int:
         _step08(expect, J)
     if "09" in parts:
         _step09(expect, J)
+    if "10" in parts:
+        _step10(expect, J)
     if parts & {"06", "07"}:
         _steps06_07(expect, J, parts)
     out = Path(os.environ.get("OUT", "out"))
@@ -216,6 +222,29 @@ def _step09(expect, J):
 
     expect("step 09 cached output", J.run_inprocess(step09, cached, perf[:1]),
            lambda t, v: v.points == 0 and "faster than" in v.message)
+
+
+def _step10(expect, J):
+    """The exercise's solution on every test (the block-mask builder and the kernel, each where its
+    hidden cell passes it); the tuned rung on the perf tests; a kernel that ignores a given block mask
+    (it builds its own) loses the tile-lists test."""
+    from benchmarks.ladder import _load_py
+    from facourse.steps import load_step
+
+    step10 = "10_attention_variants"
+    m = load_step("10")
+    v3 = _load_py(m["ladder_dir"] / "v3_block_mask.py")
+    tests = [t for t in J.plan_of(step10) if t != "test_block_mask"]
+    expect("step 10 solution", J.run_inprocess(step10, v3.flex_attention_triton, tests), _full_marks)
+    expect("step 10 builder", J.run_inprocess(step10, v3.build_block_mask, ["test_block_mask"]), _full_marks)
+    tuned = _load_py(m["ladder_dir"] / f"{m['ladder']['solution']}.py").flex_attention_triton
+    expect("step 10 tuned", J.run_inprocess(step10, tuned, [t for t in tests if t.startswith("perf_")]), _full_marks)
+
+    def own_lists(q, k, v, mask=None, score_mod=None, scale=None, block_mask=None):
+        return v3.flex_attention_triton(q, k, v, mask, score_mod, scale)
+
+    expect("step 10 ignores block_mask", J.run_inprocess(step10, own_lists, ["test_tile_lists"]),
+           lambda t, v: v.points == 0 and "not of the block mask" in v.message)
 
 
 def _hopper_solution(step: Path):

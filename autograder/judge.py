@@ -322,11 +322,16 @@ class Judge:
             ref = t["reference"] if t["reference"] != "FASTEST" else f"fastest ({rec.get('backend', '?')})"
             rates = f"{rate_s:.0f} GB/s of K/V against SDPA {ref} {rate_r:.0f}"
         else:
-            flops = get_config(spec["config"], self.device).flops() * MODES[mode]
+            if mode == "variant":       # step 10: visible pairs of the perf case's mask
+                from facourse.variants import perf_flops
+                flops = perf_flops(spec["config"])
+            else:
+                flops = get_config(spec["config"], self.device).flops() * MODES[mode]
             tflops_s, tflops_r = flops / (t_s * 1e-3) / 1e12, flops / (t_r * 1e-3) / 1e12
             nums.update(tflops_student=tflops_s, tflops_ref=tflops_r)
             flag = roofline_verdict(tflops_s, gpu)
-            rates = f"{tflops_s:.0f} TFLOP/s against SDPA {t['reference']} {tflops_r:.0f}"
+            ref_name = "compiled FlexAttention" if t["reference"] == "FLEX" else f"SDPA {t['reference']}"
+            rates = f"{tflops_s:.0f} TFLOP/s against {ref_name} {tflops_r:.0f}"
         if flag:
             return refuse("flagged", f"Not trusted: {flag}", **nums)
         try:
@@ -450,7 +455,15 @@ def calibration(device: str, config: str, backend: str, mode: str = "forward") -
     with _CAL_LOCK:
         if key not in _CAL:
             # the student's side of this bench: the reference itself (a decode: a call that does nothing)
-            ref = (lambda *a, **k: None) if mode == "decode" else sdpa_reference(backend)[0]
+            if mode == "decode":
+                ref = lambda *a, **k: None                          # noqa: E731
+            elif mode == "variant":
+                from facourse.variants import flex_reference, perf_case
+                cfg, mask = perf_case(config)
+                with torch.cuda.device(device):
+                    ref = flex_reference(mask, cfg.B, cfg.Hq, cfg.Sq, cfg.Skv, device=device)
+            else:
+                ref = sdpa_reference(backend)[0]
             with torch.cuda.device(device):
                 res = bench(ref, config, backend, mode)
             _CAL[key] = res.t_ref_ms

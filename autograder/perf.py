@@ -28,12 +28,16 @@ def thresholds(step: str, path: Path = THRESHOLDS) -> dict:
 
 def bench(fn, config: str, backend: str, mode: str = "forward"):
     """The one bench for a perf test's ``mode``: attention ("forward", "backward", "train") in TFLOP/s,
-    or a paged decode ("decode") in GB/s of K and V read; fp16, against SDPA's ``backend``."""
+    a paged decode ("decode") in GB/s of K and V read, or an attention variant ("variant", step 10) in
+    TFLOP/s of visible pairs; fp16, against SDPA's ``backend`` (a variant: compiled FlexAttention)."""
     import torch
 
     if mode == "decode":
         from facourse.decode import bench_decode
         return bench_decode(fn, config, backend=backend, dtype=torch.float16)
+    if mode == "variant":
+        from facourse.variants import bench_variant
+        return bench_variant(fn, config, backend=backend)
     from facourse import bench_attention
     return bench_attention(fn, config, backend=backend, dtype=torch.float16, mode=mode)
 

@@ -14,6 +14,8 @@ by name, with their keyword arguments; the judge adds a fresh secret seed to eac
 * ``sass``: the judge compiles the submitted ``student_kernel.cu`` itself and reads its SASS;
 * ``perf`` with ``"mode": "decode"`` (step 09): timed with ``facourse.decode.bench_decode``, judged
   in GB/s of K and V read;
+* ``perf`` with ``"mode": "variant"`` (step 10): timed with ``facourse.variants.bench_variant`` against
+  compiled FlexAttention on the same mask, TFLOP/s on visible pairs;
 * ``train``: the entry point is a training one (step 08): the check calls it through
   ``facourse.backward.forward_backward`` (one forward, one backward: o, dq, dk, dv and the state
   the forward kept), inside the guard, so the guard covers the backward too.
@@ -225,6 +227,34 @@ def _step09() -> dict[str, Test]:
     return tests
 
 
+def _step10() -> dict[str, Test]:
+    guard = {"allow_softmax": False, "forbid_matmul": True}
+
+    def t(*cases, needs=None, **kw):
+        return Test(tuple(Check("variant", {"case": c, **kw}) for c in cases), guard=guard, needs=needs)
+
+    tests = {
+        "test_causal": Test((Check("variant", {"case": "causal"}), Check("variant", {"case": "causal", "scale": 0.05}),
+                             Check("variant", {"case": "causal_asymmetric"})), guard=guard),
+        "test_window": t("window", "window_ragged"),
+        "test_window_edges": t("window_1", "window_beyond", "window_empty_rows"),
+        "test_alibi": t("alibi"),
+        "test_softcap": t("softcap", "window_softcap", "softcap_alibi_window"),
+        "test_documents": t("documents_alibi", "documents_short", "d64_documents"),
+        "test_prefix": t("prefix", "mqa_window"),
+        "test_block_mask": Test(tuple(Check("block_mask", {"case": c}) for c in ("window_ragged", "documents_alibi",
+                                                                                 "prefix", "softcap")), guard=guard),
+        "test_tile_lists": Test(tuple(Check("tile_lists", {"case": c}) for c in ("window", "documents_alibi")),
+                                guard=guard),
+        "test_bf16": t("window", "documents_alibi", "softcap_alibi_window", needs="gpu", dtype="bfloat16"),
+    }
+    tests.update({f"perf_{c}": Test((Check("perf_variant", {"case": c}),), guard=None, needs="gpu",
+                                    perf={"step": "10_attention_variants", "config": c, "capability": None,
+                                          "mode": "variant"})
+                  for c in ("window1024_8k", "window1024_16k")})
+    return tests
+
+
 PLANS = {
     "01_vanilla_attention": _step01,
     "02_safe_softmax": _step02,
@@ -235,6 +265,7 @@ PLANS = {
     "07_hopper_flash_attention": _step07,
     "08_backward": _step08,
     "09_decode_paged_kv": _step09,
+    "10_attention_variants": _step10,
 }
 
 

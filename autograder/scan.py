@@ -46,7 +46,7 @@ TAMPER_ATTRS = {("sys", "exit"), ("os", "_exit"), ("os", "kill"), ("os", "fork")
 FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_attention_forward|MultiheadAttention|"
                                  r"flash_attn|_scaled_dot_product|_flash_attention|_efficient_attention|"
                                  r"cudnn_attention|sdpa_kernel|sdpa_reference|torch_attention|"
-                                 r"reference_attention|flex_attention")
+                                 r"reference_attention|flex_attention(?!_triton)")   # (step 10's entry point is ours)
 CUDA_TAMPER = re.compile(r"Python\.h|pybind11|\bPy[A-Z_][A-Za-z_]*\s*\(|\bdlopen\b|\bdlsym\b|\bsystem\s*\(|"
                          r"\bpopen\s*\(|\bfork\s*\(|\bexecv|\bexecl|\bgetenv\s*\(|\bfopen\s*\(")
 

@@ -125,7 +125,7 @@ def entry_point(step, name: str):
     m = step if isinstance(step, dict) else load_step(step)
     r = rung(m, name)
     path = m["ladder_dir"] / r["file"]
-    ep = m["entry_points"][0]
+    ep = r.get("entry_point", m["entry_points"][0])
     if path.suffix == ".py":
         from facourse.triton_setup import interpret_without_gpu
         interpret_without_gpu()
@@ -173,6 +173,12 @@ def plan(m: dict, name: str, quick: bool, checks: list[str] | None = None) -> tu
     r = rung(m, name)
     explicit = checks is not None
     decode = m["exercise"].get("mode") == "decode"
+    variant = m["exercise"].get("mode") == "variant"
+    if checks is None and variant:
+        from facourse.variants import VARIANT_CASES
+        from facourse.variants import FP8_UNFIT
+        checks = ([c for c in [*CONFIGS, *EDGE_CASES] if c not in FP8_UNFIT] if r.get("entry_point") == "flash_attention_fp8" else
+                  list(VARIANT_CASES) if sol else [r.get("check", "window")])
     if checks is None and decode:
         from facourse.decode import DECODE_CASES
         checks = list(DECODE_CASES) if sol else [r.get("check", "mixed")]
@@ -181,6 +187,13 @@ def plan(m: dict, name: str, quick: bool, checks: list[str] | None = None) -> tu
     cks = [(c, dt) for dt in (dtypes if sol or explicit else DTYPES[:1]) for c in checks]
     if not gpu:
         return cks, []
+    if variant:
+        from facourse.variants import PERF_CASES
+        fp8 = r.get("entry_point") == "flash_attention_fp8"
+        cases = (["long", "large"] if fp8 else list(PERF_CASES) + ["long"]) if sol or fp8 else r.get("bench", [])
+        return cks, [(c, "float16", be) for c in cases
+                     for be in (["FLEX"] if c.startswith("window") else
+                                ["FLASH_ATTENTION", "CUDNN_ATTENTION"] if sol or fp8 else ["FLASH_ATTENTION"])]
     if decode:
         from facourse.decode import PERF_DECODE_CASES
         cases = list(PERF_DECODE_CASES) if sol else r.get("bench", [])
@@ -205,6 +218,8 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
     save = lambda: out.write_text(json.dumps(res))  # noqa: E731
     fn = entry_point(m, name)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if mode == "variant":
+        return _run_variant(m, name, fn, dev, res, save, *plan(m, name, quick, checks), bench)
     cks, bds = plan(m, name, quick, checks)
     for cname, dt in cks:
         row = {"rung": name, "config": cname, "dtype": dt, "kind": "check"}
@@ -254,6 +269,55 @@ def run_rung(m: dict, name: str, quick: bool, out: Path, checks: list[str] | Non
     if tuned is not None and hasattr(tuned, "cache"):   # which tiles the autotuner picked, per key
         res["autotune"] = {str(k): str(v) for k, v in tuned.cache.items()}
         save()
+
+
+def _run_variant(m, name, fn, dev, res, save, cks, bds, bench) -> None:
+    """Step 10's rungs: ``flex_attention_triton`` checked on facourse.variants' cases and timed on its perf
+    cases against compiled FlexAttention (windows) or SDPA (causal, and `long` without a mask: a
+    block-mask kernel keeps step 05's speed); the FP8 rung checked by its error bound on the course's
+    configurations and timed on `long` and `large` against SDPA."""
+    import torch
+
+    from facourse import bench_attention
+    from facourse.variants import bench_variant, causal, check_fp8, check_variant
+
+    fp8 = rung(m, name).get("entry_point") == "flash_attention_fp8"
+    for cname, dt in cks:
+        row = {"rung": name, "config": cname, "dtype": dt, "kind": "check"}
+        t0 = time.time()
+        try:
+            if fp8:
+                row.update(check_fp8(fn, cname, device=dev, dtype=getattr(torch, dt), verbose=False))
+            else:
+                check_variant(fn, cname, device=dev, dtype=getattr(torch, dt), verbose=False)
+            row["check"] = "ok"
+        except Exception as e:  # noqa: BLE001 (record every failure, keep going)
+            row.update(check="error", error=f"{type(e).__name__}: {e}"[:1500])
+            print(f"  FAIL {name} {cname} {dt}: {row['error'][:300]}", flush=True)
+        row["seconds"] = round(time.time() - t0, 2)
+        res["rows"].append(row)
+        save()
+    if not bench or not bds or not all(r["check"] == "ok" for r in res["rows"]):
+        return
+    # the course's signature, fn(q, k, v, causal, scale), for bench_attention's configurations
+    plain = fn if fp8 else (lambda q, k, v, causal=False, scale=None:
+                            fn(q, k, v, mask=causal(q.shape[2], k.shape[2]) if causal else None, scale=scale))
+    for cname, dt, be in [bds[0]] + bds:          # the first, twice: clocks rising, autotuning
+        row = {"rung": name, "config": cname, "dtype": dt, "kind": "bench"}
+        t0 = time.time()
+        try:
+            b = (bench_variant(fn, cname, backend=be) if cname in ("window1024_8k", "window1024_16k", "causal_8k")
+                 else bench_attention(plain, cname, backend=be))
+            row.update(ref_backend=b.backend, tflops=b.tflops_student, tflops_ref=b.tflops_ref, ratio=b.ratio,
+                       ms=b.t_student_ms, ms_ref=b.t_ref_ms, host_us=b.host_student_us, host_ref_us=b.host_ref_us)
+            print(f"  {name:>20} {cname:>16} {b.tflops_student:6.0f} vs {b.backend[:15]:<15} {b.tflops_ref:6.0f} "
+                  f"TFLOP/s  x{b.ratio:.2f}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            row.update(ref_backend=be, error=f"{type(e).__name__}: {e}"[:500])
+        row["seconds"] = round(time.time() - t0, 2)
+        res["rows"].append(row)
+        save()
+    res["rows"].pop(len(cks))                     # the discarded first timing
 
 
 def _bench_decode(fn, name, bds, res, save, bench_decode) -> None:

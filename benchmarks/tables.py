@@ -56,7 +56,7 @@ def latest(step: str) -> tuple[str, dict]:
 def measured() -> dict:
     """course/results/measured.json: what the lectures show, from the committed results."""
     out = {}
-    for step in ("05", "06", "07", "08", "09"):
+    for step in ("05", "06", "07", "08", "09", "10"):
         try:
             name, d = latest(step)
         except FileNotFoundError:
@@ -172,6 +172,8 @@ TABLES = {
     "step08_train": lambda: R.solution_table(_m("08"), train=True),
     "step09": lambda: R.decode_table(_m("09")),
     "step09_source": lambda: source("09"),
+    "step10": lambda: R.variant_table(_m("10")),
+    "step10_source": lambda: source("10"),
 }
 
 

@@ -132,22 +132,36 @@ def solution_and_stub(step: str, max_points: float, gpu_only: set, gpu_points: f
 _PLANTED_RUNNER = """
 import json, sys
 sys.path[:0] = [{src!r}, {root!r}]
-code, planted = json.loads(open(sys.argv[1]).read())
+step, code, bugs, entries, tests_of = json.loads(open(sys.argv[1]).read())
 from autograder.judge import run_inprocess
-for bug, (cell, old, new, test, says) in planted.items():
+for bug, cells in bugs.items():
     scope = {{}}
-    exec(compile("\\n\\n".join(dict(code, **{{cell: code[cell].replace(old, new)}}).values()), "<planted " + bug + ">",
-                 "exec"), scope)
-    v = run_inprocess({step!r}, scope[{entry!r}], [test])[test]
-    print(json.dumps({{"bug": bug, "points": v.points, "message": v.message}}), flush=True)
+    exec(compile("\\n\\n".join(dict(code, **cells).values()), "<planted " + bug + ">", "exec"), scope)
+    out, tests = {{}}, tests_of[bug]
+    for entry in dict.fromkeys(entries[t] for t in tests):
+        for test, v in run_inprocess(step, scope[entry], [t for t in tests if entries[t] == entry]).items():
+            out[test] = {{"points": v.points, "max": v.max_points, "message": v.message}}
+    print(json.dumps({{"bug": bug, "verdicts": out}}), flush=True)
 """
 
 
-def assert_planted_bugs_named(tmp_path: Path, step: str, entry: str, given: tuple, planted: dict) -> None:
-    """Each bug of ``planted`` ({bug: (cell, the solution's text, the mistake, the test, what its message
-    names)}), put into the exercise's solution (its ``given`` code cells and every solution cell, in
-    order), scores 0 in its test through the judge, whose message names it. One subprocess for all of
-    them (Triton's interpreter must be chosen before triton is imported)."""
+def hidden_entries(step: str) -> dict[str, str]:
+    """test -> the name of the function its hidden cell hands the judge (``judge("test_x", fn)``)."""
+    import re
+
+    (path,) = (ROOT / "solutions" / step).glob("*.ipynb")
+    out = {}
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        out.update(re.findall(r'judge\("(\w+)", (\w+)\)', "".join(cell["source"])))
+    return out
+
+
+def planted_verdicts(tmp_path: Path, step: str, given: tuple, bugs: dict, tests=None) -> dict:
+    """Each bug of ``bugs`` ({bug: {solution cell: its buggy code}}), put into the exercise's solution
+    (its ``given`` code cells and every solution cell, in order), graded through the judge on ``tests``
+    (a list, or {bug: list}; default: every hidden test) as the hidden cells call it: ``{bug: {test:
+    {"points", "max", "message"}}}``. One subprocess for all of them (Triton's interpreter must be chosen before triton
+    is imported), in place of one nbgrader process per bug."""
     import subprocess
 
     solution = solution_code(step)
@@ -157,21 +171,37 @@ def assert_planted_bugs_named(tmp_path: Path, step: str, entry: str, given: tupl
         gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
         if gid in given or gid in solution:
             code[gid] = solution.get(gid) or "".join(cell["source"])
-    for bug, (cell, old, new, test, says) in planted.items():
-        assert old in code[cell], f"{bug}: the solution no longer holds {old!r}: update the planted bug"
-    (tmp_path / "in.json").write_text(json.dumps([code, planted]))
+    for bug, cells in bugs.items():
+        assert set(cells) <= set(solution), f"{bug}: {set(cells) - set(solution)} is no solution cell"
+    entries = hidden_entries(step)
+    tests_of = tests if isinstance(tests, dict) else {bug: list(tests or entries) for bug in bugs}
+    (tmp_path / "in.json").write_text(json.dumps([step, code, bugs, entries, tests_of]))
     runner = tmp_path / "run.py"
-    runner.write_text(_PLANTED_RUNNER.format(src=str(ROOT / "src"), root=str(ROOT), step=step, entry=entry))
+    runner.write_text(_PLANTED_RUNNER.format(src=str(ROOT / "src"), root=str(ROOT)))
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     env.pop("FACOURSE_JUDGE", None)
     r = subprocess.run([sys.executable, str(runner), str(tmp_path / "in.json")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    got = {d["bug"]: d for d in map(json.loads, r.stdout.strip().splitlines())}
-    assert set(got) == set(planted), r.stdout
+    got = {d["bug"]: d["verdicts"] for d in map(json.loads, r.stdout.strip().splitlines())}
+    assert set(got) == set(bugs), r.stdout
+    return got
+
+
+def assert_planted_bugs_named(tmp_path: Path, step: str, given: tuple, planted: dict) -> None:
+    """Each bug of ``planted`` ({bug: (cell, the solution's text, the mistake, the test, what its message
+    names)}), put into the solution, scores 0 in its test through the judge (which hands it the
+    function its hidden cell names), whose message names it."""
+    solution = solution_code(step)
+    bugs = {}
     for bug, (cell, old, new, test, says) in planted.items():
-        assert got[bug]["points"] == 0, f"{bug}: {test} still scored {got[bug]['points']}"
-        assert says in got[bug]["message"], f"{bug}: {test}'s message does not name it:\n{got[bug]['message']}"
+        assert old in solution[cell], f"{bug}: the solution no longer holds {old!r}: update the planted bug"
+        bugs[bug] = {cell: solution[cell].replace(old, new)}
+    got = planted_verdicts(tmp_path, step, given, bugs, tests={bug: [p[3]] for bug, p in planted.items()})
+    for bug, (cell, old, new, test, says) in planted.items():
+        v = got[bug][test]
+        assert v["points"] == 0, f"{bug}: {test} still scored {v['points']}"
+        assert says in v["message"], f"{bug}: {test}'s message does not name it:\n{v['message']}"
 
 
 def unpack(zip_path: Path, dest: Path) -> Path:

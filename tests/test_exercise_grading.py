@@ -28,6 +28,7 @@ MODULES = (
     "test_hopper_step07",               # 07_hopper_flash_attention
     "test_exercise_step08",             # 08_backward
     "test_exercise_step09",             # 09_decode_paged_kv
+    "test_exercise_step10",             # 10_attention_variants
 )
 
 

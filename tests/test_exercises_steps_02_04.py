@@ -1,11 +1,12 @@
 """Exercises 02 (safe softmax), 03 (online softmax), 04 (tiled attention) and their shared softmax check.
 
-Grading: per exercise, the solution (full autograded marks), the untouched stub (0, and the run goes on)
-and planted bugs, each of which must lose the test cell that names it while the cells unrelated to it
-still pass. Planted bugs are made from the solution by text substitution, so they follow the solution
-when it changes (the substitution asserts that its text is still there). ``GRADING`` says what each
-exercise submits and what its grades must be; tests/test_exercise_grading.py grades all of them, with
-every other kernel step's, in ONE autograde run.
+Grading: per exercise, the solution (full autograded marks, written answers left to the instructor)
+and the untouched stub (0, and the run goes on) through nbgrader (``GRADING``: tests/test_exercise_grading.py
+grades them, with every other kernel step's, in ONE autograde run); and planted bugs through the judge,
+in one process per exercise (``conftest.planted_verdicts``), each of which must lose the test that
+names it while the tests unrelated to it still pass. Planted bugs are made from the solution by text
+substitution, so they follow the solution when it changes (the substitution asserts that its text is
+still there).
 
 Unit tests: facourse.softmax_check accepts correct results and rejects each planted fault with its cause.
 """
@@ -14,7 +15,7 @@ import json
 import pytest
 import torch
 
-from conftest import ROOT, fill, release_notebook, solution_code
+from conftest import ROOT, fill, planted_verdicts, release_notebook, solution_code
 from facourse import SoftmaxCheckError, check_merge_fn, check_softmax_fn
 from facourse.softmax_check import MERGE_CASES, SOFTMAX_CASES
 
@@ -36,66 +37,71 @@ def written_ids(assignment):
             if c["cell_type"] == "markdown" and c["metadata"].get("nbgrader", {}).get("grade")]
 
 
-def exercise_submissions(assignment, bugs):
-    """Solution, stub and every bug of ``bugs`` ({name: {grade_id: code}}): {student: notebook}."""
+def exercise_submissions(assignment):
+    """The solution (with written answers) and the untouched stub: {student: notebook}."""
     nb = release_notebook(assignment)
     answers = {gid: ANSWER for gid in written_ids(assignment)}
     assert answers, f"{assignment} has no written-answer cell"
-    solution = solution_code(assignment)
-    subs = {"solution": fill(nb, {**solution, **answers}), "stub": nb}
-    for name, code in bugs.items():          # the solution with one cell replaced by its buggy version
-        subs[name] = fill(nb, {**solution, **code, **answers})
-    return subs
+    return {"solution": fill(nb, {**solution_code(assignment), **answers}), "stub": nb}
 
 
-def assert_graded(results, assignment, expect):
-    """``expect``: {student: (grade_id that must fail, [grade_ids that must pass])}."""
-    sol, stub = results["solution"], results["stub"]
-    n_written = len(written_ids(assignment))
-    assert sol.status == "graded", sol.status
-    assert sol.score == sol.auto_max_score > 0, (sol.score, sol.auto_max_score, sol.failed, sol.messages)
-    assert sol.manual_pending == 2 * n_written and sol.failed == []
-    assert stub.status == "graded" and stub.score == 0, (stub.status, stub.score)
-    for student, (fails, passes) in expect.items():
-        r = results[student]
-        assert r.status == "graded", (student, r.status)
-        assert fails in r.failed, f"{student}: expected {fails} to fail, failed: {r.failed}"
-        assert not set(passes) & set(r.failed), f"{student}: {set(passes) & set(r.failed)} should pass"
-        assert 0 < r.score < sol.score, (student, r.score)
+def check_solution_and_stub(assignment):
+    """Through nbgrader: the solution earns every automatic point and leaves its written answers to
+    the instructor (two cells each: the answer and its mark); the stub scores 0."""
+    def check(results, workspace):
+        sol, stub = results["solution"], results["stub"]
+        assert sol.status == "graded", sol.status
+        assert sol.score == sol.auto_max_score > 0, (sol.score, sol.auto_max_score, sol.failed, sol.messages)
+        assert sol.manual_pending == 2 * len(written_ids(assignment)) and sol.failed == []
+        assert stub.status == "graded" and stub.score == 0, (stub.status, stub.score)
+    return check
+
+
+def assert_bugs_graded(tmp_path, assignment, bugs, expect, says):
+    """Each bug ({name: {grade_id: code}}), put into the solution, graded through the judge on every
+    hidden test: it fails the test ``expect`` names first, passes the ones it lists after, keeps some
+    points, and the failing test's message says ``says[name]`` where given."""
+    got = planted_verdicts(tmp_path, assignment, ("imports",), bugs)
+    for bug, (fails, passes) in expect.items():
+        v = got[bug]
+        assert v[fails]["points"] == 0, f"{bug}: expected {fails} to fail: {v[fails]}"
+        wrong = [t for t in passes if v[t]["points"] != v[t]["max"]]
+        assert not wrong, f"{bug}: {wrong} should pass: {[v[t]['message'][:300] for t in wrong]}"
+        assert 0 < sum(x["points"] for x in v.values()) < sum(x["max"] for x in v.values()), bug
+        if bug in says:
+            test, text = says[bug]
+            assert text in v[test]["message"], f"{bug}: {test}'s message does not say {text!r}:\n{v[test]['message']}"
+    return got
 
 
 # ----------------------------------------------------------------------------- exercise 02
 A2 = "02_safe_softmax"
 
 
-def submissions_02():
+def test_planted_bugs_02(tmp_path):
     sol = solution_code(A2)["safe_softmax"]
-    return exercise_submissions(A2, {
+    basics = ["test_small", "test_configs", "test_ragged", "test_masked"]
+    assert_bugs_graded(tmp_path, A2, {
         "no_max_subtraction": {"safe_softmax": mutate(sol, ("torch.exp(xf - m)", "torch.exp(xf)"))},
         "nan_on_empty_rows": {"safe_softmax": mutate(
             sol, ("m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "pass"))},
         "last_dim_only": {"safe_softmax": mutate(sol, ("dim=dim", "dim=-1"))},
-    })
-
-
-def check_02(results, workspace):
-    basics = ["test_small", "test_configs", "test_ragged", "test_masked"]
-    assert_graded(results, A2, {
+    }, {
         "no_max_subtraction": ("test_overflow", basics + ["test_all_masked", "test_other_dims"]),
         "nan_on_empty_rows": ("test_all_masked", basics + ["test_overflow", "test_other_dims"]),
         "last_dim_only": ("test_other_dims", basics + ["test_overflow", "test_all_masked", "test_half"]),
-    })
-    assert "no max subtraction" in results["no_max_subtraction"].messages["test_overflow"]
+    }, {"no_max_subtraction": ("test_overflow", "no max subtraction")})
 
 
 # ----------------------------------------------------------------------------- exercise 03
 A3 = "03_online_softmax"
 
 
-def submissions_03():
+def test_planted_bugs_03(tmp_path):
     code = solution_code(A3)
     online, merge = code["online_softmax"], code["merge_softmax_states"]
-    return exercise_submissions(A3, {
+    merges = ["test_merge_random", "test_merge_empty", "test_merge_large", "test_merge_chain"]
+    got = assert_bugs_graded(tmp_path, A3, {
         "no_alpha_rescale": {"online_softmax": mutate(online, (
             "m, l = merge_softmax_states(m, l, m_j, l_j)",
             "m_new = torch.maximum(m, m_j); l = l + torch.exp(x_j - torch.where(torch.isneginf(m_new), 0.0, "
@@ -104,28 +110,22 @@ def submissions_03():
             online, ("range(0, n, block_size)", "range(0, n - block_size + 1, block_size)"))},
         "merge_nan_on_empty": {"merge_softmax_states": mutate(
             merge, ("m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "m_safe = m"))},
-    })
-
-
-def check_03(results, workspace):
-    merges = ["test_merge_random", "test_merge_empty", "test_merge_large", "test_merge_chain"]
-    assert_graded(results, A3, {
+    }, {
         "no_alpha_rescale": ("test_ragged", merges),
         "drops_last_block": ("test_ragged", merges + ["test_small", "test_configs", "test_overflow"]),
         "merge_nan_on_empty": ("test_merge_empty", ["test_merge_random", "test_merge_large",
                                                     "test_merge_chain", "test_small", "test_configs"]),
-    })
-    assert {"test_small", "test_configs"} <= set(results["no_alpha_rescale"].failed)
-    assert "alpha rescale missing" in results["no_alpha_rescale"].messages["test_small"]
+    }, {"no_alpha_rescale": ("test_small", "alpha rescale missing")})
+    assert got["no_alpha_rescale"]["test_configs"]["points"] == 0
 
 
 # ----------------------------------------------------------------------------- exercise 04
 A4 = "04_tiled_attention"
 
 
-def submissions_04():
+def test_planted_bugs_04(tmp_path):
     sol = solution_code(A4)["tiled_attention"]
-    return exercise_submissions(A4, {
+    got = assert_bugs_graded(tmp_path, A4, {
         "top_left_causal": {"tiled_attention": mutate(sol, ("off = Skv - Sq ", "off = 0      "))},
         "head_h_mod_hkv": {"tiled_attention": mutate(
             sol,
@@ -135,25 +135,20 @@ def submissions_04():
             ("(m_i + torch.log(l_i)).reshape(B, Hq, Br)", "(m_i + torch.log(l_i)).transpose(1, 2).reshape(B, Hq, Br)"))},
         "no_tile_skipping": {"tiled_attention": mutate(
             sol, ("n_end = min(Skv, i1 + off) if causal else Skv", "n_end = Skv"))},
-    })
-
-
-def check_04(results, workspace):
-    assert_graded(results, A4, {
+    }, {
         "top_left_causal": ("test_asymmetric", ["test_small", "test_medium", "test_large", "test_noncausal",
                                                 "test_edge_mqa", "test_edge_d64"]),
         "head_h_mod_hkv": ("test_medium", ["test_edge_mqa"]),
         "no_tile_skipping": ("test_tile_skipping", ["test_small", "test_medium", "test_asymmetric",
                                                     "test_edge_ragged", "test_edge_empty_rows",
                                                     "test_block_sizes"]),
-    })
-    assert results["no_tile_skipping"].failed == ["test_tile_skipping"]
-    assert "top-left" in results["top_left_causal"].messages["test_asymmetric"]
-    assert "h % Hkv" in results["head_h_mod_hkv"].messages["test_medium"]
+    }, {"top_left_causal": ("test_asymmetric", "top-left"), "head_h_mod_hkv": ("test_medium", "h % Hkv")})
+    assert [t for t, v in got["no_tile_skipping"].items() if v["points"] < v["max"]] == ["test_tile_skipping"]
 
 
-#: What tests/test_exercise_grading.py grades (in its one autograde run) and checks, per exercise.
-GRADING = {A2: (submissions_02, check_02), A3: (submissions_03, check_03), A4: (submissions_04, check_04)}
+#: What tests/test_exercise_grading.py grades (in its one autograde run) and checks, per exercise: the
+#: solution and the stub go through nbgrader; the planted bugs above through the judge in one process.
+GRADING = {a: (lambda a=a: exercise_submissions(a), check_solution_and_stub(a)) for a in (A2, A3, A4)}
 
 
 # ----------------------------------------------------------------------------- the softmax check itself

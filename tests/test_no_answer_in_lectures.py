@@ -211,3 +211,24 @@ def test_lecture_09_decode_wrapped_as_paged_decode_scores_nothing():
         v = run_inprocess("09_decode_paged_kv", fn, ["test_mixed"])["test_mixed"]
         assert v.points == 0, f"{fn.__name__} scored {v.points}"
         assert "matrix product" in v.message, v.message
+
+
+# ----------------------------------------------------------------------------- lecture 10 -> exercise 10
+def test_lecture_10_tiled_variant_wrapped_as_the_exercise_scores_nothing():
+    """Lecture 10's tiled loop (PyTorch, one head at a time, over a block mask's lists), wrapped with the
+    exercise's signature and the course's Mods' PyTorch twins, is a correct attention: the graded tests
+    refuse it because it computes its products with PyTorch (exercise 10's guard forbids PyTorch's
+    matrix products, as 08's and 09's do); the kernel is to be written in Triton."""
+    ns = lecture_functions("10_attention_variants", ["index_grids", "block_classes", "classes_of", "tile_lists",
+                                                     "tiled_variant_one_head", "tiled_variant"])
+
+    def flex_attention_triton(q, k, v, mask=None, score_mod=None, scale=None, block_mask=None):
+        mask_ref = mask.ref if mask is not None else (lambda b, h, i, j: (i >= 0) & (j >= 0))
+        return ns["tiled_variant"](q, k, v, mask_ref, score_mod.ref if score_mod else None, scale=scale)
+
+    from autograder.judge import run_inprocess
+    from facourse.variants import check_variant
+    assert fails(lambda: check_variant(flex_attention_triton, "window", seed=1, device="cpu", verbose=False)) is None
+    v = run_inprocess("10_attention_variants", flex_attention_triton, ["test_window"])["test_window"]
+    assert v.points == 0, f"the lecture's loop scored {v.points}"
+    assert "matrix product" in v.message, v.message

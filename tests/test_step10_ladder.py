@@ -170,14 +170,14 @@ SCRIPT = f"""
         return cls
 
     def block_mask_of(cls, Sq, Skv, BM, BN, junk=False):
-        (pn, pi), (fn, fi) = vc.tile_lists(cls, 1), vc.tile_lists(cls, 2)
+        pn, pi, fn, fi = V.lists_of(cls, BM, BN, Sq, Skv)[:4]
         if junk:                               # entries past the counts are anything: make them harmful
             Tk = cls.shape[-1]
             noise = torch.randint(0, Tk, pi.shape, generator=gen, dtype=torch.int32)
             past = torch.arange(Tk) >= pn[..., None]
             pi = torch.where(past, noise, pi)
             fi = torch.where(torch.arange(Tk) >= fn[..., None], noise.flip(-1), fi)
-        return vc.BlockMask(pn, pi, fn, fi, BM, BN, Sq, Skv)
+        return V.BlockMask(pn, pi, fn, fi, BM, BN, Sq, Skv)
 
     for how in {TAMPERED!r}:
         for rung in ("v3_block_mask", "v4_tuned"):
@@ -186,7 +186,7 @@ SCRIPT = f"""
                 mask = V.causal(Sq, Skv)
                 cls = tampered("full_dropped" if how == "junk_past_counts" else how, B, Sq, Skv, BM, BN)
                 bm = block_mask_of(cls, Sq, Skv, BM, BN, junk=how == "junk_past_counts")
-                visible = vc.visible_pairs(bm, mask, B, Hq, Sq, Skv)
+                visible = V.visible_pairs(bm, mask, B, Hq)
                 q, k, v = inputs(B, Sq, Skv, torch.float32)
                 o, lse = rungs[rung].flex_attention_triton(q, k, v, mask, V.alibi(Hq, Sq, Skv), block_mask=bm)
                 ref = V.variant_reference(q, k, v, mask, V.alibi(Hq, Sq, Skv), visible=visible)

@@ -133,6 +133,22 @@ def decode_table(d: dict) -> str:
     return "\n".join(out)
 
 
+def variant_table(d: dict) -> str:
+    """Step 10: every rung on its timed cases (fp16), TFLOP/s of visible pairs, against each reference
+    (compiled FlexAttention on the windows, SDPA on causal and on `long`)."""
+    backends = list(dict.fromkeys(r["ref_backend"] for r in d["rows"]))
+    out = ["| rung | checks | case | TFLOP/s | " + " | ".join(f"vs {b} (TFLOP/s)" for b in backends) + " |",
+           "|---|---|---|---|" + "---|" * len(backends)]
+    for n in [d["solution"]] + [n for n in d["rungs"] if n != d["solution"]]:
+        ok, total = d["checks"].get(n, (0, 0))
+        for i, c in enumerate(dict.fromkeys(r["config"] for r in bench(d, n))):
+            by = {r["ref_backend"]: r for r in bench(d, n, c)}
+            first = next(iter(by.values()))
+            cells = " | ".join(f"{_x(by[b]['ratio'])} ({by[b]['tflops_ref']:.0f})" if b in by else "—" for b in backends)
+            out.append(f"| {n if i == 0 else ''} | {f'{ok}/{total}' if i == 0 else ''} | {c} | {first['tflops']:.0f} | {cells} |")
+    return "\n".join(out)
+
+
 def _ladder_configs(d: dict) -> set:
     return {r["config"] for r in d["rows"] if r["rung"] != d["solution"]}
 

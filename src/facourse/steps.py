@@ -12,7 +12,10 @@ repository's own tools (benchmarks/ladder.py, the tests), not for the notebooks.
 """
 from __future__ import annotations
 
+import functools
+import linecache
 import tomllib
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +67,38 @@ def solution_path(step: str | int | dict) -> Path:
     """The ladder file of the step's solution (the rung the manifest names)."""
     m = step if isinstance(step, dict) else load_step(step)
     return rung_path(m, m["ladder"]["solution"])
+
+
+# ----------------------------------------------------------------------------- the exercise's cells
+def exercise_source(step: str | int, names: tuple[str, ...], text: str | None = None) -> str:
+    """The code of the step's notebook twin's cells named by grade_id, in the twin's order, without
+    nbgrader's solution markers (the code between them stays: it is the solution)."""
+    twin = step_dir(step) / load_step(step)["step"]["notebook"].replace(".ipynb", ".pct.py")
+    text = twin.read_text(encoding="utf-8") if text is None else text
+    out, found = [], set()
+    for chunk in ("\n" + text).split("\n# %%")[1:]:
+        header, _, body = chunk.partition("\n")
+        gid = header.partition('"grade_id": "')[2].partition('"')[0]
+        if gid in names and "[markdown]" not in header:
+            found.add(gid)
+            out.append("\n".join(ln for ln in body.splitlines() if "### BEGIN" not in ln and "### END" not in ln))
+    if set(names) - found:
+        raise LookupError(f"{twin.name} has no code cell {sorted(set(names) - found)}")
+    return "\n\n".join(out)
+
+
+@functools.lru_cache(maxsize=None)
+def exercise_module(step: str, names: tuple[str, ...]) -> types.ModuleType:
+    """The exercise's solution cells ``names`` run as one module, once per process: a ladder rung that
+    is the exercise's solution loads it, so that the two are one source.
+
+    Triton reads a kernel's source back (inspect.getsource): the cells go into linecache under a name
+    of their own, so that the line numbers it reads are the cells', not the twin's."""
+    src = exercise_source(step, names)
+    twin = load_step(step)["step"]["notebook"].replace(".ipynb", ".pct.py")
+    name = f"<{twin}: cells {', '.join(names)}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    mod = types.ModuleType(f"step{step}_exercise_solution", f"exercise {step}'s solution cells")
+    mod.__file__ = name
+    exec(compile(src, name, "exec"), mod.__dict__)  # noqa: S102
+    return mod

@@ -7,13 +7,11 @@ step 08's ladder has a ``common.py``, and one process (pytest, benchmarks/ladder
 """
 from __future__ import annotations
 
-import functools
-import linecache
 import types
-from pathlib import Path
 
 import torch
 
+from facourse import steps
 from facourse.triton_setup import interpret_without_gpu
 
 INTERPRET = interpret_without_gpu()  # before triton is imported anywhere
@@ -23,41 +21,19 @@ import triton.language as tl  # noqa: E402
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-TWIN = Path(__file__).resolve().parents[1] / "09_decode_paged_kv.pct.py"
 EXERCISE_CELLS = ("setup", "split_kernel", "merge_kernel", "launch")
 
 
 # ----------------------------------------------------------------------------- the exercise's cells
-def exercise_source(names=EXERCISE_CELLS, text: str | None = None) -> str:
-    """The code of the twin's cells named by grade_id, in the twin's order, without nbgrader's
-    solution markers (the code between them stays: it is the solution)."""
-    text = TWIN.read_text(encoding="utf-8") if text is None else text
-    out, found = [], set()
-    for chunk in ("\n" + text).split("\n# %%")[1:]:
-        header, _, body = chunk.partition("\n")
-        gid = header.partition('"grade_id": "')[2].partition('"')[0]
-        if gid in names and "[markdown]" not in header:
-            found.add(gid)
-            out.append("\n".join(ln for ln in body.splitlines() if "### BEGIN" not in ln and "### END" not in ln))
-    if set(names) - found:
-        raise LookupError(f"{TWIN.name} has no code cell {sorted(set(names) - found)}")
-    return "\n\n".join(out)
+def exercise_source(names=EXERCISE_CELLS) -> str:
+    """The code of the exercise's cells ``names`` (facourse.steps.exercise_source)."""
+    return steps.exercise_source("09", tuple(names))
 
 
-@functools.lru_cache(maxsize=None)
 def exercise_module() -> types.ModuleType:
     """The exercise's solution cells run as one module, once per process: ``split_kv_kernel``,
-    ``merge_kernel``, ``paged_decode``, ``sm_count``, ``BLOCK_N`` ...
-
-    Triton reads a kernel's source back (inspect.getsource): the cells go into linecache under a name
-    of their own, so that the line numbers it reads are the cells', not the twin's."""
-    src = exercise_source()
-    name = f"<{TWIN.name}: cells {', '.join(EXERCISE_CELLS)}>"
-    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-    mod = types.ModuleType("step09_exercise_solution", "exercise 09's solution cells")
-    mod.__file__ = name
-    exec(compile(src, name, "exec"), mod.__dict__)  # noqa: S102
-    return mod
+    ``merge_kernel``, ``paged_decode``, ``sm_count``, ``BLOCK_N`` ... (facourse.steps.exercise_module)."""
+    return steps.exercise_module("09", EXERCISE_CELLS)
 
 
 # ----------------------------------------------------------------------------- launch sizes

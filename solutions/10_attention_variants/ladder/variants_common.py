@@ -1,5 +1,6 @@
-"""Step 10's support file (no rung): the block mask, its builder and its reference, and the parts of
-the kernels rungs v1, v2 and v4 share (v3, the exercise's solution, carries its own code).
+"""Step 10's support file (no rung): the block-mask builder (the BlockMask itself, its lists and what
+it lets through are facourse.variants'), and the parts of the kernels rungs v1, v2 and v4 share (v3,
+the exercise's solution, carries its own code).
 
 A **block mask** classifies every (query tile, key tile) as empty, partial or full (lecture 10,
 section 3) and stores, for each query tile, the list of its partial key tiles and the list of its full
@@ -9,12 +10,11 @@ kernel visits exactly the listed tiles: the partial ones with the mask function,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from facourse.triton_setup import interpret_without_gpu, validate_triton_inputs
-from facourse.variants import Mod, index_grids, mask_values, no_mask, no_score_mod
+from facourse.variants import BlockMask, Mod, index_grids, lists_of, mask_values, no_mask, no_score_mod
 
 interpret_without_gpu()  # before triton is imported
 
@@ -27,35 +27,6 @@ EMPTY, PARTIAL, FULL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)   # til
 
 
 # ----------------------------------------------------------------------------- the block mask
-@dataclass(frozen=True)
-class BlockMask:
-    """For each query tile of each (batch, head): its partial key tiles and its full ones.
-
-    ``partial_num`` int32 [Bm, Hm, Tq]: how many partial key tiles; ``partial_idx`` int32
-    [Bm, Hm, Tq, Tk]: their indices first, in increasing order, then anything. ``full_*`` the same for
-    the full tiles. Bm is 1 or B, Hm 1 or Hq: a 1 is shared by every batch (head), so a kernel reads
-    row ``b if Bm > 1 else 0`` (and the same for h)."""
-    partial_num: torch.Tensor
-    partial_idx: torch.Tensor
-    full_num: torch.Tensor
-    full_idx: torch.Tensor
-    BLOCK_M: int
-    BLOCK_N: int
-    Sq: int
-    Skv: int
-
-    def kernel_args(self, B: int, Hq: int) -> tuple:
-        """(partial_num, partial_idx, full_num, full_idx, Bm, Hm), contiguous, after checking that the
-        block mask fits a call with B batches and Hq heads."""
-        Bm, Hm, Tq = self.partial_num.shape
-        Tk = self.partial_idx.shape[-1]
-        assert Bm in (1, B) and Hm in (1, Hq), f"block mask for B={Bm}, H={Hm}; the call has B={B}, Hq={Hq}"
-        assert Tq == math.ceil(self.Sq / self.BLOCK_M) and Tk == math.ceil(self.Skv / self.BLOCK_N)
-        assert self.full_num.shape == (Bm, Hm, Tq) and self.full_idx.shape == (Bm, Hm, Tq, Tk)
-        lists = (self.partial_num, self.partial_idx, self.full_num, self.full_idx)
-        return (*(t.to(torch.int32).contiguous() for t in lists), Bm, Hm)
-
-
 @triton.jit
 def tile_classes_kernel(CLASSES, INTS, FLOATS, H, Sq, Skv, Tk, mask: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -81,13 +52,6 @@ def mask_extent(mask: Mod, B: int, H: int) -> tuple[int, int]:
     return (B if shape[0] > 1 else 1), (H if shape[1] > 1 else 1)
 
 
-def tile_lists(classes: torch.Tensor, cls: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(number, indices) of the tiles of class ``cls`` in each row: those tiles first, in order."""
-    is_cls = classes == cls
-    order = torch.argsort((~is_cls).to(torch.int8), dim=-1, stable=True)
-    return is_cls.sum(-1, dtype=torch.int32), order.to(torch.int32)
-
-
 def build_block_mask(mask: Mod | None, B: int, H: int, Sq: int, Skv: int, BLOCK_M: int = 128,
                      BLOCK_N: int = 64, device=None) -> BlockMask:
     """The block mask of ``mask`` (None: every pair visible) for tiles of BLOCK_M x BLOCK_N. Its
@@ -99,28 +63,7 @@ def build_block_mask(mask: Mod | None, B: int, H: int, Sq: int, Skv: int, BLOCK_
     if classes.numel():
         tile_classes_kernel[(Tq, Bm * Hm)](classes, *mask.args(device), Hm, Sq, Skv, Tk, mask.fn,
                                            BLOCK_M, BLOCK_N)
-    (partial_num, partial_idx), (full_num, full_idx) = (tile_lists(classes, c.value) for c in (PARTIAL, FULL))
-    return BlockMask(partial_num, partial_idx, full_num, full_idx, BLOCK_M, BLOCK_N, Sq, Skv)
-
-
-def visible_pairs(block_mask: BlockMask, mask: Mod | None, B: int, Hq: int, Sq: int, Skv: int,
-                  device=None) -> torch.Tensor:
-    """bool [B, Hq, Sq, Skv]: the pairs a kernel lets through given ``block_mask``, consistent with
-    the mask or not (FlexAttention's semantics): every in-bounds pair of a listed full tile, the
-    mask's pairs of a listed partial tile, nothing of an unlisted tile. (A tile listed in both lists
-    would be counted twice by a kernel: that is no block mask.)"""
-    bm = block_mask
-
-    def listed(num, idx):
-        num, idx = num.to(device).long(), idx.to(device).long()
-        counted = torch.arange(idx.shape[-1], device=device) < num[..., None]
-        tiles = torch.zeros(idx.shape, dtype=torch.int32, device=device)
-        tiles.scatter_add_(-1, idx.where(counted, 0), counted.int())   # entries past num: ignored
-        pairs = tiles.bool().repeat_interleave(bm.BLOCK_M, -2).repeat_interleave(bm.BLOCK_N, -1)
-        return pairs[..., :Sq, :Skv].expand(B, Hq, Sq, Skv)
-
-    return listed(bm.full_num, bm.full_idx) | (listed(bm.partial_num, bm.partial_idx)
-                                               & mask_values(mask, B, Hq, Sq, Skv, device))
+    return lists_of(classes, BLOCK_M, BLOCK_N, Sq, Skv)
 
 
 # ----------------------------------------------------------------------------- host helpers

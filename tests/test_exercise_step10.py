@@ -1,0 +1,117 @@
+"""Step 10, attention variants: the exercise as it is graded (CPU tier), and the check's diagnoses.
+
+The exercise's solution, put into the released notebook, scores every point a CPU can give (the
+block-mask builder and the kernel through the judge; bf16 and speed need a GPU and score 0 here,
+saying why); the untouched stub scores 0 (``GRADING``, graded by tests/test_exercise_grading.py in
+one autograde run with the other steps'). Each classic mistake a student's kernel can make, planted
+in the solution's cells, loses the points of a test whose message names it (``PLANTED``, through the
+judge in one process). The mistakes that live in a mask function or a score modifier (a window off
+by one, ALiBi's slopes, documents that leak into each other) are the student's when they write their
+own: ``check_variant`` must name them too, here on PyTorch stand-ins that compute the wrong variant.
+The GPU tier (every test, perf included) is ``python -m autograder.gpu_selftest 10``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_planted_bugs_named, solution_and_stub
+from facourse import AttentionCheckError
+from facourse import variants as V
+
+STEP = "10_attention_variants"
+GPU_ONLY = {"test_bf16", "perf_window1024_8k", "perf_window1024_16k"}
+
+# the solution scores every CPU point (22 minus bf16 and speed: 6); the stub scores 0
+GRADING = solution_and_stub(STEP, 22, GPU_ONLY, 6)
+
+_ORDER = '''    s = score_mod(s, b, h, i, j, Sq, Skv, SCORE_INTS, SCORE_FLOATS)  # first the score modifier
+    keep = j < Skv
+    if PARTIAL:
+        keep = keep & mask(b, h, i, j, Sq, Skv, MASK_INTS, MASK_FLOATS)  # then the mask
+    s = tl.where(keep, s * 1.4426950408889634, float("-inf"))      # log2 units for exp2'''
+_BASE2 = '''    s = tl.dot(q, kT) * scale                                       # natural units for score_mod
+    s = score_mod(s, b, h, i, j, Sq, Skv, SCORE_INTS, SCORE_FLOATS)  # first the score modifier
+    keep = j < Skv
+    if PARTIAL:
+        keep = keep & mask(b, h, i, j, Sq, Skv, MASK_INTS, MASK_FLOATS)  # then the mask
+    s = tl.where(keep, s * 1.4426950408889634, float("-inf"))      # log2 units for exp2'''
+
+# (the cell, the solution's text, the mistake, the test that loses its points, what its message names)
+PLANTED = {
+    "softcap_after_mask": ("kernel", _ORDER, '''    keep = j < Skv
+    if PARTIAL:
+        keep = keep & mask(b, h, i, j, Sq, Skv, MASK_INTS, MASK_FLOATS)
+    s = tl.where(keep, s, float("-inf"))
+    s = score_mod(s, b, h, i, j, Sq, Skv, SCORE_INTS, SCORE_FLOATS)
+    s = s * 1.4426950408889634''', "test_softcap", "the soft cap is applied after the mask"),
+    "partial_as_full": ("classes_kernel", "tl.where(n == BLOCK_M * BLOCK_N, FULL, tl.where(n > 0, PARTIAL, EMPTY))",
+                        "tl.where(n > 0, FULL, EMPTY)", "test_block_mask", "a partial tile is treated as full"),
+    "mask_skipped": ("kernel", "    if PARTIAL:\n        keep = keep & mask(", "    if False:\n        keep = keep & mask(",
+                     "test_window", "a partial tile is treated as full"),
+    "score_mod_in_base_2": ("kernel", _BASE2, _BASE2.replace("tl.dot(q, kT) * scale  ", "tl.dot(q, kT) * scale * 1.4426950408889634")
+                            .replace("s * 1.4426950408889634, float", "s, float"), "test_alibi", "base 2"),
+    "ignores_given_lists": ("launch", "    if block_mask is None:\n", "    if True:\n", "test_tile_lists",
+                            "not of the block mask"),
+    "no_empty_row_guard": ("kernel", 'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
+                           "test_window_edges", "see no key"),
+}
+
+
+def test_planted_bugs_lose_the_points_that_name_them(tmp_path):
+    """Each mistake, planted in the solution, scores 0 in the test named for it, whose message names it."""
+    assert_planted_bugs_named(tmp_path, STEP, ("setup", "builder"), PLANTED)
+
+
+# ----------------------------------------------------------------------------- the check's diagnoses
+def _computing(mask_of=None, score_of=None, **kw):
+    """A PyTorch stand-in for a kernel: the variant's reference with its mask or score modifier swapped
+    for a wrong one (``mask_of(mask, q, k)``, ``score_of(score, q, k)``)."""
+    def fn(q, k, v, mask=None, score_mod=None, scale=None, block_mask=None):
+        m = mask_of(mask, q, k) if mask_of else mask
+        s = score_of(score_mod, q, k) if score_of else score_mod
+        o, lse = V.variant_reference(q, k, v, m, s, scale, **kw)
+        return o.to(q.dtype), lse
+    return fn
+
+
+def _wrong_slopes(score, q, k):
+    Hq, Sq, Skv = q.shape[1], q.shape[2], k.shape[2]
+    slopes = torch.tensor(V.alibi_slopes(Hq), dtype=torch.float64).flip(0)
+    return V.Mod("reversed", None, lambda s, b, h, i, j: s - slopes[h] * (i + Skv - Sq - j))
+
+
+WRONG = [
+    ("window_off_by_one", "window", _computing(lambda m, q, k: V.sliding_window(101, q.shape[2], k.shape[2])),
+     "the window is off by one"),
+    ("documents_leak", "documents_alibi", _computing(lambda m, q, k: V.causal(q.shape[2], k.shape[2])),
+     "the documents leak across a boundary"),
+    ("alibi_slopes_reversed", "alibi", _computing(score_of=_wrong_slopes), "ALiBi's slope per head is wrong"),
+    ("softcap_after_mask", "window_softcap", _computing(mask_first=True), "the soft cap is applied after the mask"),
+]
+
+
+@pytest.mark.parametrize("case, fn, says", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_check_names_the_wrong_variant(case, fn, says):
+    with pytest.raises(AttentionCheckError) as err:
+        V.check_variant(fn, case, seed=3, device="cpu", verbose=False)
+    assert says in str(err.value), str(err.value)
+    assert f"[{case}]" in str(err.value)
+
+
+def test_check_accepts_the_reference_and_the_block_mask_rules():
+    V.check_variant(_computing(), "documents_alibi", seed=4, device="cpu", verbose=False)
+    bm = V.perturbed_block_mask(V.sliding_window(37, 200, 333), 1, 4, 200, 333, 64, 64, 5, "cpu")
+    cls = V.classes_of_lists(bm)
+    assert cls.shape == (1, 4, 4, 6) and {0, 1, 2} <= set(cls.unique().tolist())
+    # a full tile never reaches past Skv (333 is no multiple of 64): the last key tile is at most partial
+    assert int(cls[..., -1].max()) <= 1
+
+
+def test_scan_flags_pytorchs_flex_attention_but_not_the_entry_point():
+    """The exercise's own name is no framework attention; PyTorch's FlexAttention, called or imported, is."""
+    from autograder.scan import scan_source
+    assert not scan_source("def flex_attention_triton(q, k, v, mask=None):\n    return q, q\n", "cell")
+    for src in ("from torch.nn.attention.flex_attention import flex_attention\n",
+                "o = torch.nn.attention.flex_attention.flex_attention(q, k, v)\n"):
+        assert any("flex_attention" in f.line for f in scan_source(src, "cell")), src
