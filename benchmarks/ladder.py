@@ -3,7 +3,7 @@
     PYTHONPATH=src:. python -m benchmarks.ladder STEP [--only RUNGS] [--quick] [--out DIR]
     PYTHONPATH=src:. python -m benchmarks.ladder 06 --sanitize [--only v6_fa2_tiles_lazy] [--checks small,ragged]
 
-STEP is 05, 06, 07, 08 or 09; what it runs comes from solutions/NN_*/step.toml (facourse.steps):
+STEP is 05 to 10; what it runs comes from solutions/NN_*/step.toml (facourse.steps):
 - the solution rung: checked (facourse.check_entry_point, with lse) on the five configurations
   and every edge case in fp16 and bf16, then timed with facourse.bench_attention against SDPA's
   FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends on the five, `long` and the manifest's sweep
@@ -19,6 +19,12 @@ facourse.decode (check_paged_decode; the solution on every case in fp16 and bf16
 facourse.decode.bench_decode on its perf cases (B x seq_len of 64 x 8k, 16 x 32k, 1 x 128k, pages of
 16 and 64) against SDPA on the same K/V stored contiguously; rows report GB/s of K/V read and the
 fraction of a device-to-device copy's rate (env "copy_gbps", measured once per run).
+Step 10's manifest says `mode = "variant"`: its rungs are flex_attention_triton(q, k, v, mask=,
+score_mod=, block_mask=), checked on facourse.variants.VARIANT_CASES (the solution on every case in
+fp16 and bf16) and timed on its perf cases (a 1024 window at 8k and 16k against compiled
+FlexAttention, causal 8k against SDPA; both sides given their block mask built once) and `long`; its
+FP8 rung (`entry_point = "flash_attention_fp8"`) is checked by its error bound (check_fp8) and timed
+on inputs already in FP8 (bench_fp8) against SDPA in fp16.
 Triton rungs are loaded from their file; CUDA rungs are built with facourse.cuda_build's
 load_cuda_extension (rung .cu + the step's fa_binding.cpp; sm_90a for step 07), all at once in a
 process pool. Each rung then runs in its own process under --timeout (a hung kernel costs that
@@ -191,7 +197,7 @@ def plan(m: dict, name: str, quick: bool, checks: list[str] | None = None) -> tu
         from facourse.variants import PERF_CASES
         fp8 = r.get("entry_point") == "flash_attention_fp8"
         cases = (["long", "large"] if fp8 else list(PERF_CASES) + ["long"]) if sol or fp8 else r.get("bench", [])
-        return cks, [(c, "float16", be) for c in cases
+        return cks, [(c, "float8_e4m3fn" if fp8 else "float16", be) for c in cases
                      for be in (["FLEX"] if c.startswith("window") else
                                 ["FLASH_ATTENTION", "CUDNN_ATTENTION"] if sol or fp8 else ["FLASH_ATTENTION"])]
     if decode:
@@ -275,11 +281,12 @@ def _run_variant(m, name, fn, dev, res, save, cks, bds, bench) -> None:
     """Step 10's rungs: ``flex_attention_triton`` checked on facourse.variants' cases and timed on its perf
     cases against compiled FlexAttention (windows) or SDPA (causal, and `long` without a mask: a
     block-mask kernel keeps step 05's speed); the FP8 rung checked by its error bound on the course's
-    configurations and timed on `long` and `large` against SDPA."""
+    configurations and timed on `long` and `large` against SDPA (its inputs already in FP8: a model hands
+    them over quantised; the rung's flash_attention_fp8 that quantises too is what the checks call)."""
     import torch
 
     from facourse import bench_attention
-    from facourse.variants import bench_variant, causal, check_fp8, check_variant
+    from facourse.variants import PERF_CASES, bench_fp8, bench_variant, causal, check_fp8, check_variant
 
     fp8 = rung(m, name).get("entry_point") == "flash_attention_fp8"
     for cname, dt in cks:
@@ -306,8 +313,13 @@ def _run_variant(m, name, fn, dev, res, save, cks, bds, bench) -> None:
         row = {"rung": name, "config": cname, "dtype": dt, "kind": "bench"}
         t0 = time.time()
         try:
-            b = (bench_variant(fn, cname, backend=be) if cname in ("window1024_8k", "window1024_16k", "causal_8k")
-                 else bench_attention(plain, cname, backend=be))
+            if fp8:             # inputs already in FP8 (quantised once, outside the timing)
+                mod = _load_py(m["ladder_dir"] / rung(m, name)["file"])
+                b = bench_fp8(mod.flash_attention_fp8_prequantized, mod.quantize_fp8, cname, backend=be)
+            elif cname in PERF_CASES:
+                b = bench_variant(fn, cname, backend=be)
+            else:
+                b = bench_attention(plain, cname, backend=be)
             row.update(ref_backend=b.backend, tflops=b.tflops_student, tflops_ref=b.tflops_ref, ratio=b.ratio,
                        ms=b.t_student_ms, ms_ref=b.t_ref_ms, host_us=b.host_student_us, host_ref_us=b.host_ref_us)
             print(f"  {name:>20} {cname:>16} {b.tflops_student:6.0f} vs {b.backend[:15]:<15} {b.tflops_ref:6.0f} "

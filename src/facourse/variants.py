@@ -754,3 +754,30 @@ def check_fp8(fn, config: str = "large", *, seed: int | None = None, device=None
     if verbose:
         print(f"[{cfg.name}] fp8 passed: relative error {rel:.4f} (bound {FP8_REL_BOUND}), lse err {lse_err:.2e}")
     return {"rel_err": rel, "lse_err": lse_err}
+
+
+def bench_fp8(fp8_prequantized, quantize, config: str = "long", *, backend: str = "FLASH_ATTENTION", rounds: int = 25,
+              warmup: int = 5, seed: int = 0):
+    """Time an FP8 forward on inputs already in FP8, as a model hands them over (FlashAttention-3's FP8
+    path takes e4m3 inputs): ``quantize(x) -> (x8, descale)`` runs once, outside the timing, and
+    ``fp8_prequantized(q8, k8, v8t, dq, dk, dv, causal=)`` (v8t: V transposed, [B, H, D, S]) is timed
+    against SDPA's ``backend`` on the fp16 inputs, with the course's bench. Returns a BenchResult."""
+    import statistics
+
+    from .bench import BenchResult, new_flush_buffer, sdpa_reference, time_calls
+    from .hw import gpu_name, require_gpu
+
+    require_gpu(what="benchmarking")
+    cfg = get_config(config, "cuda")
+    q, k, v = make_inputs(cfg, seed, "cuda", torch.float16)
+    (q8, dq), (k8, dk), (v8, dv) = (quantize(t) for t in (q, k, v))
+    v8t = v8.transpose(-1, -2).contiguous()
+    ref, _ = sdpa_reference(backend)
+    calls = {"s": lambda: fp8_prequantized(q8, k8, v8t, dq, dk, dv, causal=cfg.causal),
+             "r": lambda: ref(q, k, v, causal=cfg.causal)}
+    gpu, host = time_calls(calls, max(rounds, 20), new_flush_buffer(), warmup)
+    ts, tr = statistics.median(gpu["s"]), statistics.median(gpu["r"])
+    flops = cfg.flops()
+    return BenchResult(f"{cfg.describe()}, e4m3 inputs", gpu_name(), "float8_e4m3fn", ref.last_backend, ts, tr,
+                       flops / ts / 1e9, flops / tr / 1e9, tr / ts, statistics.median(host["s"]),
+                       statistics.median(host["r"]))

@@ -1,6 +1,6 @@
-"""Step 10's support file (no rung): the block-mask builder (the BlockMask itself, its lists and what
-it lets through are facourse.variants'), and the parts of the kernels rungs v1, v2 and v4 share (v3,
-the exercise's solution, carries its own code).
+"""Step 10's support file (no rung): the block-mask builder (the exercise's; the BlockMask itself, its
+lists and what it lets through are facourse.variants'), and the parts of the kernels rungs v1, v2 and
+v4 share (v3 is the exercise's solution cells).
 
 A **block mask** classifies every (query tile, key tile) as empty, partial or full (lecture 10,
 section 3) and stores, for each query tile, the list of its partial key tiles and the list of its full
@@ -13,8 +13,9 @@ import math
 
 import torch
 
+from facourse.steps import exercise_module
 from facourse.triton_setup import interpret_without_gpu, validate_triton_inputs
-from facourse.variants import BlockMask, Mod, index_grids, lists_of, mask_values, no_mask, no_score_mod
+from facourse.variants import Mod, mask_values, no_mask, no_score_mod
 
 interpret_without_gpu()  # before triton is imported
 
@@ -23,47 +24,12 @@ import triton.language as tl  # noqa: E402
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-EMPTY, PARTIAL, FULL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)   # tile classes
-
 
 # ----------------------------------------------------------------------------- the block mask
-@triton.jit
-def tile_classes_kernel(CLASSES, INTS, FLOATS, H, Sq, Skv, Tk, mask: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per (query tile, b * H + h): the class of each of its key tiles, [B, H, Tq, Tk]."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-    row = CLASSES + (bh * tl.num_programs(0) + pid_m).to(tl.int64) * Tk
-    for t in range(0, Tk):
-        j = t * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        # padding pairs (past Sq or Skv) are never visible: a ragged tile is at most partial
-        visible = mask(b, h, i, j, Sq, Skv, INTS, FLOATS) & (i < Sq) & (j < Skv)
-        n = tl.sum(visible.to(tl.int32))
-        tl.store(row + t, tl.where(n == BLOCK_M * BLOCK_N, FULL, tl.where(n > 0, PARTIAL, EMPTY)).to(tl.int8))
-
-
-def mask_extent(mask: Mod, B: int, H: int) -> tuple[int, int]:
-    """(B or 1, H or 1): whether the mask reads b and h, from the broadcast shape of its PyTorch twin
-    on a single pair (causal gives [1, 1, 1, 1], documents [B, 1, 1, 1])."""
-    shape = mask.ref(*index_grids(B, H, 1, 1)).shape
-    return (B if shape[0] > 1 else 1), (H if shape[1] > 1 else 1)
-
-
-def build_block_mask(mask: Mod | None, B: int, H: int, Sq: int, Skv: int, BLOCK_M: int = 128,
-                     BLOCK_N: int = 64, device=None) -> BlockMask:
-    """The block mask of ``mask`` (None: every pair visible) for tiles of BLOCK_M x BLOCK_N. Its
-    batch and head dimensions are 1 where the mask reads neither (see :func:`mask_extent`)."""
-    mask = no_mask() if mask is None else mask
-    Bm, Hm = mask_extent(mask, B, H)
-    Tq, Tk = math.ceil(Sq / BLOCK_M), math.ceil(Skv / BLOCK_N)
-    classes = torch.zeros(Bm, Hm, Tq, Tk, dtype=torch.int8, device=device)
-    if classes.numel():
-        tile_classes_kernel[(Tq, Bm * Hm)](classes, *mask.args(device), Hm, Sq, Skv, Tk, mask.fn,
-                                           BLOCK_M, BLOCK_N)
-    return lists_of(classes, BLOCK_M, BLOCK_N, Sq, Skv)
+# The builder is the exercise's (its cells `classes_kernel` and `builder`): one source for the rungs and
+# the exercise's solution. build_block_mask(mask, B, H, Sq, Skv, BLOCK_M, BLOCK_N, device) -> BlockMask,
+# with batch and head dimensions of 1 where the mask reads neither.
+build_block_mask = exercise_module("10", ("setup", "classes_kernel", "builder")).build_block_mask
 
 
 # ----------------------------------------------------------------------------- host helpers
