@@ -109,24 +109,51 @@ def grade_assignments(tmp_path: Path, submissions: dict[str, dict], timeout: flo
     return out
 
 
-def solution_and_stub(step: str, max_points: float, gpu_only: set, gpu_points: float) -> dict:
+def solution_and_stub(step: str, max_points: float, gpu_only: set, gpu_points: float, stub: bool = True) -> dict:
     """A step's ``GRADING`` (tests/test_exercise_grading.py): its solution, put into the released
     notebook, scores every point but those of ``gpu_only`` (``gpu_points`` in all), which the judge
-    gives 0 here saying there is no GPU; the untouched stub scores 0."""
+    gives 0 here saying there is no GPU; the untouched stub scores 0 (``stub=False``: the step grades
+    its stub in process, ``assert_stub_scores_nothing``)."""
     def submissions():
         release = release_notebook(step)
-        return {"solved": fill(release, solution_code(step)), "stub": release}
+        return {"solved": fill(release, solution_code(step)), **({"stub": release} if stub else {})}
 
     def check(res, workspace):
-        sol, stub = res["solved"], res["stub"]
-        assert sol.status == "graded" and stub.status == "graded", (sol.status, stub.status)
+        sol = res["solved"]
+        assert sol.status == "graded", sol.status
         assert sol.auto_max_score == max_points
         assert set(sol.failed) == gpu_only, (sol.failed, sol.messages)
         assert all("No GPU here" in sol.messages[c] for c in gpu_only), sol.messages
         assert sol.score == max_points - gpu_points
-        assert stub.score == 0, (stub.score, stub.failed)
+        if stub:
+            assert res["stub"].status == "graded" and res["stub"].score == 0, (res["stub"].score, res["stub"].failed)
 
     return {step: (submissions, check)}
+
+
+def release_code(step: str) -> dict[str, str]:
+    """The released (stub) source of every solution cell: what a student starts from."""
+    nb = release_notebook(step)
+    ids = set(solution_code(step))
+    return {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in nb["cells"]
+            if c["metadata"].get("nbgrader", {}).get("grade_id") in ids}
+
+
+def assert_stub_scores_nothing(tmp_path: Path, step: str, given: tuple, solution_points: float | None = None,
+                               gpu_only: set = frozenset()) -> None:
+    """Through the judge, in one process (the hidden cells' path without nbgrader around it, which
+    tests/test_exercise_grading.py covers for steps 02, 05 and 07's stubs): the untouched stub scores 0
+    on every hidden test; with ``solution_points``, the solution scores them on every test but
+    ``gpu_only`` (0 here, saying there is no GPU)."""
+    bugs = {"stub": release_code(step), **({"solution": {}} if solution_points is not None else {})}
+    got = planted_verdicts(tmp_path, step, given, bugs)
+    scored = {t: v["points"] for t, v in got["stub"].items() if v["points"]}
+    assert not scored, f"the stub scored {scored}"
+    if solution_points is not None:
+        sol = got["solution"]
+        assert sum(v["points"] for v in sol.values()) == solution_points, {t: v["points"] for t, v in sol.items()}
+        assert {t for t, v in sol.items() if v["points"] < v["max"]} == set(gpu_only), sol
+        assert all("No GPU here" in sol[t]["message"] for t in gpu_only)
 
 
 _PLANTED_RUNNER = """
@@ -136,10 +163,15 @@ step, code, bugs, entries, tests_of = json.loads(open(sys.argv[1]).read())
 from autograder.judge import run_inprocess
 for bug, cells in bugs.items():
     scope = {{}}
-    exec(compile("\\n\\n".join(dict(code, **cells).values()), "<planted " + bug + ">", "exec"), scope)
+    for cell, src in dict(code, **cells).items():     # cell by cell: one that raises (a stub) stops only itself
+        try:
+            exec(compile(src, "<planted " + bug + ": " + cell + ">", "exec"), scope)
+        except Exception:
+            pass
     out, tests = {{}}, tests_of[bug]
     for entry in dict.fromkeys(entries[t] for t in tests):
-        for test, v in run_inprocess(step, scope[entry], [t for t in tests if entries[t] == entry]).items():
+        fn = scope.get(entry, lambda *a, **k: (_ for _ in ()).throw(NameError(entry)))
+        for test, v in run_inprocess(step, fn, [t for t in tests if entries[t] == entry]).items():
             out[test] = {{"points": v.points, "max": v.max_points, "message": v.message}}
     print(json.dumps({{"bug": bug, "verdicts": out}}), flush=True)
 """

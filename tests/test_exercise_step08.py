@@ -10,14 +10,14 @@ autograder.gpu_selftest 08`` on a GPU machine.
 """
 from __future__ import annotations
 
-from conftest import assert_planted_bugs_named, solution_and_stub
+from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
 
 STEP = "08_backward"
 GPU_ONLY = {"test_bf16", "perf_large", "perf_long"}
 
 
-# the solution scores every CPU point (16 minus bf16 and speed: 5); the stub scores 0
-GRADING = solution_and_stub(STEP, 16, GPU_ONLY, 5)
+# through nbgrader, the solution scores every CPU point (16 minus bf16 and speed: 5); the stub, in process, 0
+GRADING = solution_and_stub(STEP, 16, GPU_ONLY, 5, stub=False)
 
 
 # (the cell, the solution's text, the mistake, the test that loses its point, what its message names)
@@ -34,6 +34,10 @@ PLANTED = {
                 "        ctx.save_for_backward(q, k, v, o, lse)\n        ctx.p = q.new_zeros(q.shape[0], q.shape[1], "
                 "q.shape[2], k.shape[2])", "test_medium", "kept"),
 }
+
+
+def test_stub_scores_nothing(tmp_path):
+    assert_stub_scores_nothing(tmp_path, STEP, ("setup", "forward"))
 
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):

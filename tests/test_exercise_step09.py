@@ -10,14 +10,14 @@ autograder.gpu_selftest 09`` on a GPU machine.
 """
 from __future__ import annotations
 
-from conftest import assert_planted_bugs_named, solution_and_stub
+from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
 
 STEP = "09_decode_paged_kv"
 GPU_ONLY = {"test_bf16", "perf_b64_8k_p16", "perf_b16_32k_p64"}
 
 
-# the solution scores every CPU point (15 minus bf16 and speed: 6); the stub scores 0
-GRADING = solution_and_stub(STEP, 15, GPU_ONLY, 6)
+# through nbgrader, the solution scores every CPU point (15 minus bf16 and speed: 6); the stub, in process, 0
+GRADING = solution_and_stub(STEP, 15, GPU_ONLY, 6, stub=False)
 
 
 # (the cell, the solution's text, the mistake, the test that loses its point, what its message names)
@@ -37,6 +37,10 @@ PLANTED = {
     "no_validation": ("launch", "    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale)\n", "",
                       "test_bad_inputs", "validate_paged_inputs"),
 }
+
+def test_stub_scores_nothing(tmp_path):
+    assert_stub_scores_nothing(tmp_path, STEP, ("setup",))
+
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):
     """Each mistake, planted in the solution, scores 0 in the test named for it, whose message names it."""

@@ -15,15 +15,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_planted_bugs_named, solution_and_stub
+from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
 from facourse import AttentionCheckError
 from facourse import variants as V
 
 STEP = "10_attention_variants"
 GPU_ONLY = {"test_bf16", "perf_window1024_8k", "perf_window1024_16k"}
 
-# the solution scores every CPU point (22 minus bf16 and speed: 6); the stub scores 0
-GRADING = solution_and_stub(STEP, 22, GPU_ONLY, 6)
+# through nbgrader, the solution scores every CPU point (22 minus bf16 and speed: 6); the stub, in process, 0
+GRADING = solution_and_stub(STEP, 22, GPU_ONLY, 6, stub=False)
 
 _ORDER = '''    s = score_mod(s, b, h, i, j, Sq, Skv, SCORE_INTS, SCORE_FLOATS)  # first the score modifier
     keep = j < Skv
@@ -56,6 +56,10 @@ PLANTED = {
     "no_empty_row_guard": ("kernel", 'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
                            "test_window_edges", "see no key"),
 }
+
+
+def test_stub_scores_nothing(tmp_path):
+    assert_stub_scores_nothing(tmp_path, STEP, ("setup", "builder"))
 
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):

@@ -1,8 +1,9 @@
 """Exercises 02 (safe softmax), 03 (online softmax), 04 (tiled attention) and their shared softmax check.
 
-Grading: per exercise, the solution (full autograded marks, written answers left to the instructor)
-and the untouched stub (0, and the run goes on) through nbgrader (``GRADING``: tests/test_exercise_grading.py
-grades them, with every other kernel step's, in ONE autograde run); and planted bugs through the judge,
+Grading: the solution (full autograded marks, written answers left to the instructor) and the
+untouched stub (0, and the run goes on), through nbgrader for exercise 02 (``GRADING``:
+tests/test_exercise_grading.py grades it, with every other kernel step's, in ONE autograde run) and
+through the judge in one process for 03 and 04; and planted bugs through the judge,
 in one process per exercise (``conftest.planted_verdicts``), each of which must lose the test that
 names it while the tests unrelated to it still pass. Planted bugs are made from the solution by text
 substitution, so they follow the solution when it changes (the substitution asserts that its text is
@@ -15,7 +16,7 @@ import json
 import pytest
 import torch
 
-from conftest import ROOT, fill, planted_verdicts, release_notebook, solution_code
+from conftest import ROOT, assert_stub_scores_nothing, fill, planted_verdicts, release_notebook, solution_code
 from facourse import SoftmaxCheckError, check_merge_fn, check_softmax_fn
 from facourse.softmax_check import MERGE_CASES, SOFTMAX_CASES
 
@@ -146,9 +147,16 @@ def test_planted_bugs_04(tmp_path):
     assert [t for t, v in got["no_tile_skipping"].items() if v["points"] < v["max"]] == ["test_tile_skipping"]
 
 
-#: What tests/test_exercise_grading.py grades (in its one autograde run) and checks, per exercise: the
-#: solution and the stub go through nbgrader; the planted bugs above through the judge in one process.
-GRADING = {a: (lambda a=a: exercise_submissions(a), check_solution_and_stub(a)) for a in (A2, A3, A4)}
+#: What tests/test_exercise_grading.py grades (in its one autograde run) and checks: exercise 02's
+#: solution (with its written answers, left to the instructor) and stub through nbgrader. Exercises 03
+#: and 04 take the same path (written answers, judged hidden cells); their solution and stub, like the
+#: planted bugs above, go through the judge in one process each (below).
+GRADING = {A2: (lambda: exercise_submissions(A2), check_solution_and_stub(A2))}
+
+
+@pytest.mark.parametrize("assignment, points", [(A3, 10), (A4, 15)])
+def test_solution_and_stub_through_the_judge(tmp_path, assignment, points):
+    assert_stub_scores_nothing(tmp_path, assignment, ("imports",), solution_points=points)
 
 
 # ----------------------------------------------------------------------------- the softmax check itself
