@@ -28,7 +28,9 @@ PLANTED = {
     "dq_scaled_twice": ("dq", "(dq * scale).to(", "(dq * scale * scale).to(", "test_small", "dQ is scaled twice"),
     "no_causal_mask_backward": ("dkdv", "    if CAUSAL:\n        keep = keep &", "    if False:\n        keep = keep &",
                                 "test_small", "the causal mask is missing in the backward"),
-    "lse_wrong_row": ("dq", "lse = tl.load(LSE + row_base + offs_m,", "lse = tl.load(LSE + row_base + offs_m + 1,",
+    # the next row's lse, wrapping at the end of the head (in bounds: a read past LSE's end would give
+    # whatever memory holds there, and the diagnosis with it)
+    "lse_wrong_row": ("dq", "lse = tl.load(LSE + row_base + offs_m,", "lse = tl.load(LSE + row_base + (offs_m + 1) % Sq,",
                       "test_edge_d64_mqa", "another row's lse"),
     "saves_p": ("autograd", "        ctx.save_for_backward(q, k, v, o, lse)",
                 "        ctx.save_for_backward(q, k, v, o, lse)\n        ctx.p = q.new_zeros(q.shape[0], q.shape[1], "
