@@ -918,7 +918,7 @@ else:
 # tensor, v2 with the mask function) wastes most of the work of a 1024 window at 8k: a tenth of
 # FlexAttention's speed or less. The block mask (v3, the exercise's solution) skips the empty tiles and
 # applies the mask on the few partial ones; v4 adds tensor descriptors and a counted loop over a run of
-# full tiles. The FP8 rung, timed on inputs already in e4m3, runs more than twice as fast as the fp16
+# full tiles. The FP8 rung, timed on inputs already in e4m3, runs about twice as fast as the fp16
 # kernel on `long`.
 
 # %% [markdown]

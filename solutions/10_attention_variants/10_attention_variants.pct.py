@@ -228,8 +228,13 @@ def flex_fwd(Q, K, V, O, LSE, PARTIAL_NUM, PARTIAL_IDX, FULL_NUM, FULL_IDX, Bm, 
 # and returns its lists and `Bm`, `Hm` as the kernel reads them.
 
 # %% nbgrader={"grade": false, "grade_id": "launch", "locked": false, "schema_version": 3, "solution": true, "task": false}
-# Tiles of 64 x 64 when the kernel builds its own block mask (a tuned kernel picks them per shape)
+# Tiles of 64 x 64 when the kernel builds its own block mask (a tuned kernel picks them per shape);
+# on a GPU, 8 warps for tiles of 128 x 64 or more (two warpgroups share the tile's rows).
 BLOCK_M, BLOCK_N = 64, 64
+
+
+def launch_options(block_m, block_n):
+    return {} if INTERPRET else {"num_warps": 8 if block_m * block_n >= 8192 else 4, "num_stages": 3}
 
 
 def flex_attention_triton(q, k, v, mask=None, score_mod=None, scale=None, block_mask=None):
@@ -252,7 +257,8 @@ def flex_attention_triton(q, k, v, mask=None, score_mod=None, scale=None, block_
     flex_fwd[grid](q, k, v, o, lse, *block_mask.kernel_args(B, Hq, Sq, Skv),
                    *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
                    *mask.args(q.device), *score_mod.args(q.device), Hq, Sq, Skv, scale,
-                   mask.fn, score_mod.fn, Hq // Hkv, D, block_mask.BLOCK_M, block_mask.BLOCK_N)
+                   mask.fn, score_mod.fn, Hq // Hkv, D, block_mask.BLOCK_M, block_mask.BLOCK_N,
+                   **launch_options(block_mask.BLOCK_M, block_mask.BLOCK_N))
     return o, lse
     ### END SOLUTION
 

@@ -707,7 +707,7 @@ def check_perf_variant(fn, case: str, *, seed: int | None = None, device=None) -
 #: The error bound of an FP8 (e4m3) forward, relative: ‖o - o_ref‖ / ‖o_ref‖ over the whole output, with
 #: o_ref in float64 from the fp16 inputs. Rounding Q, K, V and P to e4m3 (3 mantissa bits, a relative
 #: step of up to 6.25%) with one scale per (batch, head) gives about 5% on the course's configurations
-#: (measured on an H100: 4.3-5.3%, benchmarks/results/2026-11-23_h100_step10.json); the bound leaves
+#: (measured on an H100: 4.2-5.3%, benchmarks/results/2026-11-23_h100_step10.json); the bound leaves
 #: room above that and stays far below what a wrong scale gives (tens of percent).
 FP8_REL_BOUND = 0.08
 #: Configurations an FP8 forward is not checked on: `overflow`'s logits in the hundreds, where a 6% error
