@@ -53,6 +53,13 @@ PLANTED = {
                             .replace("s * 1.4426950408889634, float", "s, float"), "test_alibi", "base 2"),
     "ignores_given_lists": ("launch", "    if block_mask is None:\n", "    if True:\n", "test_tile_lists",
                             "not of the block mask"),
+    # the course's own block mask in place of the student's kernel (the builder cell is locked: the
+    # launch cell, after it, rebinds the name)
+    "builder_from_reference": ("launch", "def flex_attention_triton(",
+                               "from facourse.variants import reference_block_mask\n\n\n"
+                               "def build_block_mask(mask, B, H, Sq, Skv, BLOCK_M=128, BLOCK_N=64, device=None):\n"
+                               "    return reference_block_mask(mask, B, H, Sq, Skv, BLOCK_M, BLOCK_N, device)\n\n\n"
+                               "def flex_attention_triton(", "test_block_mask", "the mask's Triton function"),
     "no_empty_row_guard": ("kernel", 'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
                            "test_window_edges", "see no key"),
 }

@@ -48,7 +48,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # to pass as `INTS` and `FLOATS` (a window, ALiBi's slopes, a cap, the document of every token). Pass
 # `mod.fn` to the kernel as a `tl.constexpr` argument and call it like any Triton function. The course's
 # mods: `causal`, `sliding_window(W, Sq, Skv)`, `documents(doc_ids)`, `prefix_lm(lens, Sq, Skv)`,
-# `alibi(Hq, Sq, Skv)`, `softcap(cap)`; each also has its PyTorch twin, `mod.ref`, used by the checks.
+# `alibi(Hq, Sq, Skv)`, `softcap(cap)`; each also has its PyTorch twin, `mod.ref`, used by the checks
+# (the graded builder gets a twin that answers one pair only: classify the tiles with `mod.fn`).
 #
 # **The block mask** (`facourse.variants.BlockMask`, FlexAttention's idea in our names): for each query
 # tile of each (batch, head), the number and the indices of its **partial** key tiles (some pairs visible:

@@ -49,9 +49,6 @@ class Mod:
     ints: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.int32))
     floats: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.float32))
 
-    def to(self, device) -> "Mod":
-        return Mod(self.name, self.fn, self.ref, self.ints.to(device), self.floats.to(device))
-
     def args(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(ints, floats) on ``device``: what a kernel passes as INTS and FLOATS."""
         return self.ints.to(device), self.floats.to(device)
@@ -529,9 +526,12 @@ def check_block_mask(fn, case: str | VariantCase = "window", *, seed: int | None
     c = VARIANT_CASES[case] if isinstance(case, str) else case
     cfg, mask, _ = c.build(device)
     B, H = (cfg.B, cfg.Hq) if c.mask in ("documents", "prefix") else (1, 1)
+    # the builder gets the mask with a PyTorch twin that answers one pair only (what mask_extent asks):
+    # the tiles' classes must come from the mask's Triton function, not from the course's reference
+    given = None if mask is None else Mod(mask.name, mask.fn, _one_pair_only(mask.ref), mask.ints, mask.floats)
     for bm, bn in blocks:
         tag = f"[{c.name}, block mask {bm} x {bn}]"
-        got = fn(mask, B, H, cfg.Sq, cfg.Skv, bm, bn, device)
+        got = fn(given, B, H, cfg.Sq, cfg.Skv, bm, bn, device)
         if is_collecting():
             continue
         if not isinstance(got, tuple) or len(got) != len(BlockMask._fields):
@@ -568,6 +568,17 @@ def check_block_mask(fn, case: str | VariantCase = "window", *, seed: int | None
                                       f"  likely cause: {cause}")
     if verbose and not is_collecting():
         print(f"[{c.name}] block masks passed at tiles {', '.join(f'{a} x {b}' for a, b in blocks)}")
+
+
+def _one_pair_only(ref):
+    def twin(b, h, i, j):
+        if i.numel() > 1 or j.numel() > 1:
+            raise AttentionCheckError(
+                "[block mask] the builder evaluated the mask's PyTorch twin (mask.ref) on the tiles' indices: "
+                "classify the tiles with the mask's Triton function (mask.fn) in your kernel; the twin only "
+                "says, on one pair, whether the mask reads b or h (mask_extent)")
+        return ref(b, h, i, j)
+    return twin
 
 
 def perturbed_block_mask(mask, B, H, Sq, Skv, BLOCK_M, BLOCK_N, seed, device) -> BlockMask:
