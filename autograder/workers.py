@@ -46,8 +46,10 @@ def _last_error(text: str) -> str:
 _RUNNING: set = set()           # process groups of running nbgrader workers
 _RUNNING_LOCK = threading.Lock()
 # Starts nbgrader so that it dies with this process (Linux: PR_SET_PDEATHSIG), even when this one
-# is killed with SIGKILL; the kernel then exits too (ipykernel watches its parent).
+# is killed with SIGKILL; the kernel then exits too (ipykernel watches its parent). It skips
+# rfc3987_syntax as every grading process does (autograder/__init__.py): 3 CPU-seconds a submission.
 _BOOT = """import ctypes, os, runpy, signal, sys
+sys.modules["rfc3987_syntax"] = None
 try:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 except Exception:
