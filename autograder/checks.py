@@ -20,6 +20,7 @@ from facourse import (AttnConfig, check_all, check_attention, check_entry_point,
 from facourse.backward import check_forward_backward, gradcheck_forward_backward
 from facourse.check import is_collecting
 from facourse.decode import check_paged_bad_inputs, check_paged_decode
+from facourse.ring import check_merge_partials, check_ring
 from facourse.variants import check_block_mask, check_perf_variant, check_tile_lists, check_variant
 
 from .guards import check_no_caching
@@ -137,6 +138,17 @@ def perf_variant(fn, *, seed, device, case):
     check_perf_variant(fn, case, seed=seed, device=device)
 
 
+# Step 12: ``fn`` is the ring attention already run on the case's ranks (plans' ``ring``): a function of
+# the global q, k, v whose result is (o, lse), and with ``traffic`` the bytes each rank moved.
+def ring(fn, *, seed, device, case, dtype=None, scale=None, traffic=False):
+    check_ring(fn, case, seed=seed, dtype=dtype_of(dtype), scale=scale, traffic=traffic, distributed=False)
+
+
+def ring_merge(fn, *, seed, device):
+    check_merge_partials(fn, seed=seed)
+
+
 CHECKS = {f.__name__: f for f in (entry_point, no_caching, all_configs, softmax, merge, padded_strides,
                                   tile_skipping, perf_correctness, gradients, gradcheck, perf_gradients,
-                                  paged, paged_bad_inputs, variant, block_mask, tile_lists, perf_variant)}
+                                  paged, paged_bad_inputs, variant, block_mask, tile_lists, perf_variant,
+                                  ring, ring_merge)}

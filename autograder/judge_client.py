@@ -103,6 +103,10 @@ def _wrap(fn, spec: dict):
     if spec.get("train"):
         from facourse.backward import forward_backward
         fn = forward_backward(fn)
+    if spec.get("ring") is not None:
+        from facourse.ring import get_ring_case, on_ring
+        kw = spec.get("kwargs", {})
+        fn = on_ring(fn, get_ring_case(kw["case"]).world, traffic=bool(kw.get("traffic")), **spec["ring"])
     if spec.get("guard") is not None:
         from .guards import forbid_framework_attention
         fn = forbid_framework_attention(fn, **spec["guard"])
@@ -172,7 +176,8 @@ def _local(test: str, fn) -> None:
         print(f"{test}: graded by `python -m autograder autograde` (no judge here); not run")
         return
     for check in plan.checks:
-        spec = {"bind": check.bind, "guard": plan.guard, "train": plan.train}
+        spec = {"bind": check.bind, "guard": plan.guard, "train": plan.train, "ring": plan.ring,
+                "kwargs": check.kwargs}
         f = _wrap(fn, spec)
         if plan.count_flops:
             f = _FlopCounting(f)

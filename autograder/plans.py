@@ -19,12 +19,17 @@ by name, with their keyword arguments; the judge adds a fresh secret seed to eac
 * ``train``: the entry point is a training one (step 08): the check calls it through
   ``facourse.backward.forward_backward`` (one forward, one backward: o, dq, dk, dv and the state
   the forward kept), inside the guard, so the guard covers the backward too.
+* ``ring`` (step 12): the entry point runs on the ranks of the check's case, forked processes in a
+  ``gloo`` group (``facourse.ring.on_ring``, its keyword arguments: the time limit of one call);
+  what the check calls and the kernel records is the result gathered in global order, and with
+  the check's ``traffic`` the bytes each rank moved point to point and through collectives.
 
 A test passes when every check passes in the judge; a perf test then earns what
 ``thresholds.toml`` gives its measured ratio. Tests are all-or-nothing otherwise.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -44,6 +49,7 @@ class Test:
     perf: dict | None = None
     sass: bool = False
     train: bool = False
+    ring: dict | None = None
 
 
 def _attn(*configs, **kw) -> tuple:
@@ -255,6 +261,27 @@ def _step10() -> dict[str, Test]:
     return tests
 
 
+def _step12() -> dict[str, Test]:
+    # The time limit of one ring call (CPU, gloo ranks): the cases take about a second; a deadlocked
+    # ring fails its test after this, and the notebook goes on. FACOURSE_RING_TIMEOUT (seconds), in
+    # the grading process's environment, changes it (a slow machine; the course's tests of deadlocks).
+    ring = {"timeout": float(os.environ.get("FACOURSE_RING_TIMEOUT", "30"))}
+
+    def t(*cases, **kw):
+        return Test(tuple(Check("ring", {"case": c, **kw}) for c in cases), ring=ring)
+
+    return {
+        "test_merge": Test((Check("ring_merge"),)),
+        "test_noncausal": Test((Check("ring", {"case": "w2_noncausal"}), Check("ring", {"case": "w4_noncausal",
+                                                                                       "scale": 0.05})), ring=ring),
+        "test_causal": t("w2_causal", "w4_causal"),
+        "test_ragged": t("w3_ragged", "w3_ragged_noncausal"),
+        "test_gqa_edges": t("w2_mqa", "w4_short"),
+        "test_bf16": t("w2_causal", dtype="bfloat16"),
+        "test_point_to_point": t("w4_causal", "w3_ragged_noncausal", traffic=True),
+    }
+
+
 PLANS = {
     "01_vanilla_attention": _step01,
     "02_safe_softmax": _step02,
@@ -266,6 +293,7 @@ PLANS = {
     "08_backward": _step08,
     "09_decode_paged_kv": _step09,
     "10_attention_variants": _step10,
+    "12_ring_attention": _step12,
 }
 
 

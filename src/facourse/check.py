@@ -283,10 +283,12 @@ def _diagnose(o, ref, q, k, v, causal, scale, tol, bad_rows, cfg_name) -> str:
 
 # ----------------------------------------------------------------------------- the check
 def check_attention(o, q, k, v, causal: bool = False, scale=None, lse=None, *,
-                    config: str = "custom", seed: int | None = None) -> CheckReport:
+                    config: str = "custom", seed: int | None = None, diagnose=None) -> CheckReport:
     """Check ``o`` (and ``lse`` if given) computed from q, k, v against the reference.
 
     Raises :class:`AttentionCheckError` with a teaching message; returns a report otherwise.
+    ``diagnose(o, bad_rows)`` (a step's own diagnosis: step 12's ranks) is asked for the likely
+    cause of wrong values before the course's usual ones; it returns a sentence or None.
     """
     tag = f"[{config}]" + ("" if seed is None else f" (seed {seed})")
     if is_collecting():
@@ -361,7 +363,8 @@ def check_attention(o, q, k, v, causal: bool = False, scale=None, lse=None, *,
         bad_rows = row_err > allowed
         flat = int(torch.argmax(err.abs()))
         b, h, i, d = (int(x) for x in torch.unravel_index(torch.tensor(flat), err.shape))
-        cause = _diagnose(o, ref, q, k, v, causal, scale, allowed, bad_rows, config)
+        cause = ((diagnose(o, bad_rows) if diagnose else None)
+                 or _diagnose(o, ref, q, k, v, causal, scale, allowed, bad_rows, config))
         raise AttentionCheckError(
             f"{tag} wrong values: max|o - ref| = {max_err:.3g}, allowed {allowed:.3g} "
             f"(twice PyTorch's own {str(q.dtype).replace('torch.', '')} error {torch_err:.2g}, "

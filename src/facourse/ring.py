@@ -1,0 +1,565 @@
+"""Step 12: attention over a sequence split across ranks (ring attention), on ``torch.distributed``.
+
+Each of P ranks holds a shard of the rows of q, k and v (the sequence axis, dim 2 of
+[B, H, S, D]); a ring attention ``ring_attention(q, k, v, causal=False, scale=None, group=None)``
+returns the rank's rows of the full attention, ``(o, lse)``, passing K/V shards from rank to rank
+(Liu et al., "Ring Attention with Blockwise Transformers", 2023).
+
+The sharding rule (what rank r holds), the one the exercise states:
+
+* the sequence is cut as ``torch.tensor_split`` cuts it: S rows into n chunks whose lengths differ
+  by at most one, the first ``S mod n`` one row longer. Nothing is padded: a padded key would be
+  seen by every query of a non-causal call.
+* non-causal: n = P chunks, rank r holds chunk r;
+* causal: zigzag, n = 2P chunks, rank r holds chunk r followed by chunk 2P - 1 - r, so that every
+  rank has as many causal (query, key) pairs to compute as every other (the balance Llama 3's
+  context parallelism and the ring-flash-attention project get the same way).
+
+What runs the ranks here: :func:`run_ring` forks one process per rank on this machine, joins them
+in a ``gloo`` group, gives each its shards, and gathers the outputs into the global order; a rank
+that raises or a world that does not finish within a time limit is stopped and named, so that a
+deadlock costs its time limit and never hangs a notebook or the grader. :func:`on_ring` turns a
+ring attention into an ordinary attention function of global q, k, v (what the check calls), and
+:func:`check_ring` checks it with the course's one rule, naming the ranks and chunks whose rows
+are wrong and, where it recognises one, the ring mistake that gives exactly this output.
+"""
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import wait as wait_any
+
+import torch
+
+from .check import AttentionCheckError, _masked_attention, _normalise, check_attention, is_collecting
+from .configs import AttnConfig, make_inputs
+from .reference import default_scale, reference_attention
+
+
+# ----------------------------------------------------------------------------- the sharding rule
+def chunk_bounds(S: int, n: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of ``torch.tensor_split``'s n chunks of S rows (the first S mod n one longer)."""
+    base, extra = divmod(S, n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def layout_of(causal: bool, layout: str | None = None) -> str:
+    """The rule's layout (zigzag for causal calls, contiguous otherwise) unless one is named; the
+    solution ladder names ``contiguous`` for causal calls to show the imbalance zigzag removes."""
+    if layout is None:
+        return "zigzag" if causal else "contiguous"
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+    return layout
+
+
+def rank_chunks(world: int, rank: int, causal: bool, layout: str | None = None) -> tuple[int, ...]:
+    """The chunk indices rank ``rank`` holds, in its local order: (r,) of P chunks, or zigzag
+    (r, 2P - 1 - r) of 2P chunks."""
+    return (rank, 2 * world - 1 - rank) if layout_of(causal, layout) == "zigzag" else (rank,)
+
+
+def n_chunks(world: int, causal: bool, layout: str | None = None) -> int:
+    return 2 * world if layout_of(causal, layout) == "zigzag" else world
+
+
+def shard_index(S: int, world: int, rank: int, causal: bool, layout: str | None = None) -> torch.Tensor:
+    """The global row numbers of rank ``rank``'s local rows, in local order."""
+    bounds = chunk_bounds(S, n_chunks(world, causal, layout))
+    return torch.cat([torch.arange(*bounds[c]) for c in rank_chunks(world, rank, causal, layout)])
+
+
+def shard(x: torch.Tensor, world: int, causal: bool, dim: int = 2, layout: str | None = None) -> list[torch.Tensor]:
+    """The P local shards of a global tensor, cut along ``dim`` by the rule (each contiguous)."""
+    S = x.shape[dim]
+    return [x.index_select(dim, shard_index(S, world, r, causal, layout).to(x.device)).contiguous()
+            for r in range(world)]
+
+
+def unshard(parts: list[torch.Tensor], causal: bool, dim: int = 2, layout: str | None = None) -> torch.Tensor:
+    """The global tensor back from the P shards :func:`shard` cut (their rows put back in order)."""
+    world = len(parts)
+    S = sum(p.shape[dim] for p in parts)
+    order = torch.cat([shard_index(S, world, r, causal, layout) for r in range(world)])
+    cat = torch.cat(list(parts), dim=dim)
+    return cat.index_select(dim, torch.argsort(order).to(cat.device))
+
+
+# ----------------------------------------------------------------------------- a world of ranks
+class RingError(AssertionError):
+    """A rank raised, or the ranks did not finish in time; the message names them and the cause."""
+
+
+#: The wall-clock limit of one ring call (seconds) when none is given: the CPU cases take about one.
+DEFAULT_TIMEOUT = 30.0
+
+#: Collective operations of a process group, counted in every rank by :func:`run_ring`.
+_COLLECTIVES = ("allgather", "allgather_into_tensor_coalesced", "_allgather_base", "allreduce",
+                "allreduce_coalesced", "broadcast", "alltoall", "alltoall_base", "gather", "scatter",
+                "reduce", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced")
+_P2P = ("send", "recv", "recv_anysource")
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(x) for x in obj)
+    return 0
+
+
+def _count_traffic(traffic: dict) -> None:
+    """Count every operation of every process group of this (forked) process: its kind and the bytes
+    of the tensors it was given. Patched on the class, so that however the rank's code reached
+    torch.distributed (``dist.isend``, ``batch_isend_irecv``, a function imported early), it counts."""
+    from torch._C._distributed_c10d import ProcessGroup
+
+    def counted(name, kind, method):
+        def op(self, *args, **kwargs):
+            entry = traffic.setdefault(name, [0, 0])
+            entry[0] += 1
+            entry[1] += _nbytes(args[0]) if args else 0
+            return method(self, *args, **kwargs)
+        op.kind = kind
+        return op
+
+    for kind, names in (("collective", _COLLECTIVES), ("p2p", _P2P)):
+        for name in names:
+            method = getattr(ProcessGroup, name, None)
+            if method is not None:
+                setattr(ProcessGroup, name, counted(name, kind, method))
+
+
+def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeout):
+    """One rank, in a forked process: join the group, run ``fn`` on the shards, send the result."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    out = io.StringIO()
+    traffic: dict = {}
+    t0 = time.perf_counter()
+    try:
+        with redirect_stdout(out), redirect_stderr(out):
+            store = dist.FileStore(store_path, world)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=timeout + 5))
+            _count_traffic(traffic)
+            result = fn(q, k, v, causal=causal, scale=scale, group=None)
+        payload = {"ok": True, "result": result}
+    except BaseException:                       # noqa: BLE001 -- any failure is the rank's report
+        payload = {"ok": False, "error": traceback.format_exc(limit=8)}
+    payload.update(out=out.getvalue(), traffic=traffic, seconds=time.perf_counter() - t0)
+    try:
+        data = pickle.dumps(payload)
+    except Exception as err:                    # a result that cannot travel back
+        data = pickle.dumps({"ok": False, "error": f"the result could not be sent back: {err}",
+                             "out": payload["out"], "traffic": traffic, "seconds": payload["seconds"]})
+    conn.send_bytes(data)
+    conn.close()
+    if payload["ok"]:
+        try:                                    # leave only when every rank is done with the others
+            dist.barrier()
+        except Exception:
+            pass
+    os._exit(0)
+
+
+@dataclass
+class RingRun:
+    """What :func:`run_ring` gathered: each rank's result, its output lines, its operations."""
+    results: list
+    out: list[str]
+    traffic: list[dict]
+    seconds: list[float]
+
+    def p2p_bytes(self) -> list[int]:
+        return [sum(b for name, (_, b) in t.items() if name in _P2P) for t in self.traffic]
+
+    def collective_bytes(self) -> list[int]:
+        return [sum(b for name, (_, b) in t.items() if name in _COLLECTIVES) for t in self.traffic]
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(timeout=5)
+
+
+def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
+             timeout: float | None = None, layout: str | None = None) -> RingRun:
+    """Run ``fn(q_r, k_r, v_r, causal=, scale=, group=None)`` on ``world`` ranks (forked processes,
+    a ``gloo`` group), each on its shards of the global q, k, v; gather what each returned.
+
+    Raises :class:`RingError` naming the rank when one raises (its traceback and output shown),
+    and naming the ranks still running when the world is not done within ``timeout`` seconds.
+    """
+    if world < 1:
+        raise ValueError(f"world must be at least 1, got {world}")
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    shards = [shard(t.detach(), world, causal, layout=layout) for t in (q, k, v)]
+    ctx = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="ring_") as tmp:
+        store_path = os.path.join(tmp, "store")
+        procs, conns = [], {}
+        try:
+            for r in range(world):
+                recv_end, send_end = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_rank_main, daemon=True,
+                                args=(fn, r, world, store_path, shards[0][r], shards[1][r], shards[2][r],
+                                      causal, scale, send_end, timeout))
+                p.start()
+                send_end.close()
+                procs.append(p)
+                conns[recv_end] = r
+            payloads: dict[int, dict] = {}
+            deadline = time.monotonic() + timeout
+            while conns:
+                left = deadline - time.monotonic()
+                ready = wait_any(list(conns), timeout=max(left, 0)) if left > 0 else []
+                if not ready:
+                    running = sorted(conns.values())
+                    done = sorted(payloads)
+                    raise RingError(
+                        f"rank(s) {running} had not returned after {timeout:g} s"
+                        + (f" (rank(s) {done} had)" if done else "") + ".\n  likely cause: ranks waiting "
+                        "on each other. A blocking dist.send waits for its matching recv: if every rank "
+                        "sends first (or receives first), none gets to its other half. Post both with "
+                        "dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]) and wait "
+                        "on the requests, or order them by rank parity; and every rank must run the same "
+                        "number of steps")
+                for c in ready:
+                    r = conns.pop(c)
+                    try:
+                        payloads[r] = pickle.loads(c.recv_bytes())
+                    except (EOFError, OSError):
+                        payloads[r] = {"ok": False, "out": "", "traffic": {}, "seconds": 0.0,
+                                       "error": f"the process of rank {r} died without a result "
+                                                f"(exit code {procs[r].exitcode}, a crash or a kill)"}
+                    if not payloads[r]["ok"]:
+                        out = payloads[r]["out"].strip()
+                        raise RingError(f"rank {r} of {world} failed:\n{payloads[r]['error'].rstrip()}"
+                                        + (f"\n  its output:\n{out}" if out else ""))
+        finally:
+            _stop(procs)
+            for c in conns:
+                c.close()
+    ranks = [payloads[r] for r in range(world)]
+    return RingRun([p["result"] for p in ranks], [p["out"] for p in ranks],
+                   [p["traffic"] for p in ranks], [p["seconds"] for p in ranks])
+
+
+def on_ring(fn, world: int, *, timeout: float | None = None, layout: str | None = None, traffic: bool = False):
+    """``fn`` (a ring attention) as an attention function of global q, k, v: the inputs are sharded
+    by the rule, ``fn`` runs on ``world`` ranks, and their ``(o, lse)`` come back in global order.
+    The last run's :class:`RingRun` is kept as ``.last_run`` (output lines, operations, seconds).
+    With ``traffic``, a third value: :func:`traffic_table` of the run (what the grader records)."""
+
+    def ring_call(q, k, v, causal=False, scale=None):
+        run = run_ring(fn, world, q, k, v, causal=causal, scale=scale, timeout=timeout, layout=layout)
+        ring_call.last_run = run
+        for r, text in enumerate(run.out):
+            for line in text.splitlines():
+                print(f"[rank {r}] {line}")
+        os_, lses = [], []
+        for r, res in enumerate(run.results):
+            if not (isinstance(res, (tuple, list)) and len(res) == 2):
+                raise RingError(f"rank {r} returned {type(res).__name__}; ring_attention returns its rows' "
+                                "(o, lse): o [B, Hq, S_local, D] in q's dtype, lse [B, Hq, S_local] float32")
+            for name, t, want in (("o", res[0], 4), ("lse", res[1], 3)):
+                if not isinstance(t, torch.Tensor) or t.dim() != want or t.shape[2] != len(shard_index(q.shape[2], world, r, causal, layout)):
+                    raise RingError(f"rank {r} returned {name} of shape "
+                                    f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}; "
+                                    f"it must cover the rank's {len(shard_index(q.shape[2], world, r, causal, layout))} "
+                                    "rows on dim 2")
+            os_.append(res[0])
+            lses.append(res[1])
+        out = unshard(os_, causal, layout=layout), unshard(lses, causal, layout=layout)
+        return (*out, traffic_table(run)) if traffic else out
+
+    ring_call.world, ring_call.last_run = world, None
+    ring_call.__name__ = getattr(fn, "__name__", "ring_attention")
+    return ring_call
+
+
+# ----------------------------------------------------------------------------- the cases
+def traffic_table(run: RingRun) -> torch.Tensor:
+    """float64 [world, 2]: the bytes each rank gave point-to-point operations and collectives."""
+    return torch.tensor([run.p2p_bytes(), run.collective_bytes()], dtype=torch.float64).T.contiguous()
+
+
+#: A rank may pass a few numbers through collectives (its length: S is their sum); more is K/V.
+COLLECTIVE_ALLOWANCE = 1024
+
+
+def check_traffic(table: torch.Tensor, k: torch.Tensor, world: int, causal: bool, tag: str) -> None:
+    """K and V went round the ring point to point: each rank sent and received (at least) the other
+    ranks' shards, and no rank moved more than a few numbers through collectives."""
+    kv = 2 * k.element_size() * k.shape[0] * k.shape[1] * k.shape[3]         # bytes of K and V per row
+    S = k.shape[2]
+    for r in range(world):
+        p2p, coll = (float(x) for x in table[r])
+        if coll > COLLECTIVE_ALLOWANCE:
+            raise AttentionCheckError(
+                f"{tag} rank {r} moved {coll / 1e6:.3g} MB through collectives (all_gather, broadcast, ...).\n"
+                "  likely cause: K and V were gathered; this step's ring passes each shard to the next rank "
+                "with point-to-point operations (dist.isend / dist.irecv, or dist.batch_isend_irecv), so that "
+                "a rank holds two shards at a time and never the whole sequence. Only the lengths (a few "
+                "numbers) may go through a collective")
+        others = S - len(shard_index(S, world, r, causal))
+        if world > 1 and p2p < others * kv:
+            raise AttentionCheckError(
+                f"{tag} rank {r} passed {p2p / 1e6:.3g} MB point to point, less than the "
+                f"{others * kv / 1e6:.3g} MB of the other ranks' K and V it must receive.\n"
+                "  likely cause: the shards did not travel the whole ring (world_size - 1 transfers)")
+
+
+@dataclass(frozen=True)
+class RingCase:
+    name: str
+    cfg: AttnConfig
+    world: int
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.world} ranks, {self.cfg.describe()}"
+
+
+def _case(name, world, B, Hq, Hkv, S, causal, D=128):
+    return RingCase(name, AttnConfig(name, B, Hq, Hkv, S, S, D, causal), world)
+
+
+#: The graded cases (CPU sizes, gloo): two and four ranks, causal (zigzag) and not, GQA and MQA,
+#: sequences that do not divide (three ranks), a sequence shorter than the chunks (empty chunks).
+RING_CASES: dict[str, RingCase] = {c.name: c for c in (
+    _case("w2_noncausal", 2, 1, 8, 2, 512, False),
+    _case("w2_causal", 2, 1, 8, 2, 512, True),
+    _case("w4_noncausal", 4, 1, 8, 2, 512, False),
+    _case("w4_causal", 4, 1, 8, 2, 512, True),
+    _case("w3_ragged", 3, 1, 4, 2, 500, True),
+    _case("w3_ragged_noncausal", 3, 1, 4, 2, 301, False),
+    _case("w2_mqa", 2, 2, 4, 1, 333, True),
+    _case("w4_short", 4, 1, 4, 2, 7, True),
+)}
+
+
+def get_ring_case(case) -> RingCase:
+    if isinstance(case, RingCase):
+        return case
+    if case not in RING_CASES:
+        raise KeyError(f"unknown ring case {case!r}; the cases: {', '.join(RING_CASES)}")
+    return RING_CASES[case]
+
+
+# ----------------------------------------------------------------------------- diagnosis
+def _owners(S: int, world: int, causal: bool, layout: str | None = None):
+    """For each global row: its rank, its chunk, and the position it would have if the rank's
+    shard were read as one contiguous range."""
+    n = n_chunks(world, causal, layout)
+    owner, chunk, as_contiguous = (torch.empty(S, dtype=torch.long) for _ in range(3))
+    for c, (a, b) in enumerate(chunk_bounds(S, n)):
+        chunk[a:b] = c
+    bounds = chunk_bounds(S, world)
+    for r in range(world):
+        idx = shard_index(S, world, r, causal, layout)
+        owner[idx] = r
+        as_contiguous[idx] = bounds[r][0] + torch.arange(len(idx))
+    return owner, chunk, as_contiguous
+
+
+def _unweighted_sum(q, k, v, scale, visible, groups):
+    """Each row's attention over each group of keys, the partial outputs summed without weights."""
+    idx = torch.arange(q.shape[1]) // (q.shape[1] // k.shape[1])
+    s = torch.matmul(q.to(torch.float64), k.to(torch.float64).index_select(1, idx).transpose(-1, -2)) * scale
+    V = v.to(torch.float64).index_select(1, idx)
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for g in groups.unique().tolist():
+        sg = s.masked_fill(~(visible & (groups[None, :] == g)), float("-inf"))
+        out += torch.matmul(torch.nan_to_num(torch.softmax(sg, dim=-1), nan=0.0), V)
+    return out
+
+
+def ring_variants(q, k, v, causal: bool, scale, world: int, layout: str | None = None):
+    """(cause, output thunk) of the ring mistakes the check recognises, on the global inputs."""
+    S = q.shape[2]
+    s = default_scale(q.shape[-1], scale)
+    owner, chunk, as_contig = _owners(S, world, causal, layout)
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    visible = (j <= i) if causal else torch.ones(S, S, dtype=torch.bool)
+    last = (owner[:, None] + 1) % world         # the shard that reaches rank r on the last step
+    yield ("the shard that arrives on the last step is never used: each rank must attend to all "
+           f"{world} shards (its own and {world - 1} received), so the loop runs world_size steps, "
+           "computing on the shard in hand before (or while) it is passed on, the last one too",
+           lambda: _masked_attention(q, k, v, s, visible & (owner[None, :] != last)))
+    yield ("each rank attended only to its own shard: the K/V received from the ring never entered "
+           "the result", lambda: _masked_attention(q, k, v, s, visible & (owner[None, :] == owner[:, None])))
+    if causal and layout_of(causal, layout) == "zigzag":
+        yield ("the zigzag shards were read as contiguous ones: a rank's rows are chunks r and 2P-1-r of "
+               "2P (torch.tensor_split's chunks), not rows [r*S/P, (r+1)*S/P); the causal test of a "
+               "(query, key) pair must use the global positions of both",
+               lambda: _masked_attention(q, k, v, s, as_contig[None, :] <= as_contig[:, None]))
+    merge = ("the partial results were added without their weights: merging (o_a, lse_a) with (o_b, lse_b) "
+             "gives lse = logaddexp(lse_a, lse_b) and o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b "
+             "(lecture 03's merge, in lse form); a block in which a row sees no key has lse = -inf, weight 0")
+    yield merge, lambda: _unweighted_sum(q, k, v, s, visible, owner)
+    if causal:
+        yield merge, lambda: _unweighted_sum(q, k, v, s, visible, chunk)
+
+
+def _rank_rows(bad_rows: torch.Tensor, S: int, world: int, causal: bool, layout: str | None = None) -> str:
+    """'rank 1 (chunks 1, 2: rows 250-499, 500-749)' for the ranks that hold wrong rows."""
+    bounds = chunk_bounds(S, n_chunks(world, causal, layout))
+    owner = _owners(S, world, causal, layout)[0]
+    bad = bad_rows.any(dim=(0, 1)) if bad_rows.dim() == 3 else bad_rows
+    ranks = sorted({int(owner[r]) for r in torch.nonzero(bad).flatten().tolist()})
+    parts = []
+    for r in ranks:
+        chunks = rank_chunks(world, r, causal, layout)
+        rows = ", ".join(f"{bounds[c][0]}-{bounds[c][1] - 1}" for c in chunks if bounds[c][1] > bounds[c][0])
+        parts.append(f"rank {r} (chunk{'s' if len(chunks) > 1 else ''} {', '.join(map(str, chunks))}: rows {rows})")
+    return "; ".join(parts) if parts else "no rank"
+
+
+def ring_diagnosis(q, k, v, causal: bool, scale, world: int, layout: str | None = None):
+    """For :func:`check_attention`'s ``diagnose``: the ranks holding the wrong rows, and the ring
+    mistake whose output this is, when one of :func:`ring_variants` matches."""
+    ref = reference_attention(q, k, v, causal, scale)[0]
+    tol = 1e-3 + 2e-3 * float(ref.abs().max())
+
+    def diagnose(o, bad_rows):
+        where = f"the wrong rows are held by {_rank_rows(bad_rows, q.shape[2], world, causal, layout)}"
+        o64 = o.detach().to(torch.float64)
+        for cause, alt in ring_variants(q, k, v, causal, scale, world, layout):
+            try:
+                if float((o64 - alt().to(torch.float64)).abs().max()) <= tol:
+                    return f"{cause}\n  {where}"
+            except Exception:       # a variant that cannot be formed says nothing
+                continue
+        return None
+
+    return diagnose
+
+
+# ----------------------------------------------------------------------------- the check
+def check_ring(fn, case="w2_causal", *, seed: int | None = None, dtype=None, timeout: float | None = None,
+               distributed: bool = True, verbose: bool = True, layout: str | None = None,
+               traffic: bool = False, scale=None) -> RingRun | None:
+    """Check a ring attention on one of :data:`RING_CASES` (CPU, gloo ranks), by the course's rule.
+
+    ``fn`` is ``ring_attention(q, k, v, causal=False, scale=None, group=None)``, run on the case's
+    ranks through :func:`on_ring`; with ``distributed=False`` it is already a function of the global
+    q, k, v (the grader's recorded ring). Raises :class:`AttentionCheckError` (or :class:`RingError`)
+    naming the ranks and rows that are wrong and the likely cause. Returns the :class:`RingRun`.
+    A ``layout`` other than the rule's is for the solution ladder. With ``traffic`` the K/V must
+    also have gone round the ring point to point (:func:`check_traffic`).
+    """
+    import secrets
+
+    c = get_ring_case(case)
+    seed = secrets.randbits(31) if seed is None else seed
+    q, k, v = make_inputs(c.cfg, seed, "cpu", dtype)
+    call = on_ring(fn, c.world, timeout=timeout, layout=layout, traffic=traffic) if distributed else fn
+    result = call(q, k, v, causal=c.cfg.causal, scale=scale)
+    if traffic:
+        *result, table = result
+    o, lse = _normalise(result, True, f"[{c.name}]")
+    diagnose = None if is_collecting() else ring_diagnosis(q, k, v, c.cfg.causal, scale, c.world, layout)
+    report = check_attention(o, q, k, v, c.cfg.causal, scale, lse=lse, config=c.describe(), seed=seed,
+                             diagnose=diagnose)
+    if traffic and not is_collecting():
+        check_traffic(table, k, c.world, c.cfg.causal, f"[{c.describe()}]")
+    if verbose and not is_collecting():
+        print(report.summary())
+    return getattr(call, "last_run", None)
+
+
+def merge_inputs(seed: int = 0):
+    """Two partial results of the same rows, (o_a, lse_a) and (o_b, lse_b), float32 [2, 4, 96, 64]:
+    lse in the hundreds (exp(lse) overflows float32), and rows where one or both saw no key."""
+    g = torch.Generator().manual_seed(int(seed))
+    shape = (2, 4, 96)
+    o_a, o_b = (torch.randn(*shape, 64, generator=g) for _ in range(2))
+    lse_a, lse_b = (torch.randn(*shape, generator=g) * 60 for _ in range(2))
+    lse_a[..., :16] = float("-inf")             # rows 0-15: a saw no key
+    lse_b[..., 8:24] = float("-inf")            # rows 8-23: b saw no key (8-15: neither did)
+    o_a[lse_a == float("-inf")] = 0.0
+    o_b[lse_b == float("-inf")] = 0.0
+    return o_a, lse_a, o_b, lse_b
+
+
+def check_merge_partials(fn, *, seed: int | None = None, verbose: bool = True) -> None:
+    """Check ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)``, the merge of two partial attentions of the
+    same rows over disjoint keys, on :func:`merge_inputs`."""
+    import secrets
+
+    seed = secrets.randbits(31) if seed is None else seed
+    o_a, lse_a, o_b, lse_b = merge_inputs(seed)
+    args = [t.clone() for t in (o_a, lse_a, o_b, lse_b)]
+    result = fn(*args)
+    tag = f"[merge] (seed {seed})"
+    if is_collecting():
+        return
+    if any(not torch.equal(x, y) for x, y in zip(args, (o_a, lse_a, o_b, lse_b))):
+        raise AttentionCheckError(f"{tag} the merge modified its inputs: return new tensors")
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise AttentionCheckError(f"{tag} the merge returns the pair (o, lse)")
+    o, lse = (t.detach().to(torch.float64) for t in result)
+    lse_ref = torch.logaddexp(lse_a.double(), lse_b.double())
+    none = torch.isneginf(lse_ref)
+    safe = lse_ref.masked_fill(none, 0.0)
+    o_ref = (torch.exp(lse_a.double() - safe)[..., None] * o_a.double()
+             + torch.exp(lse_b.double() - safe)[..., None] * o_b.double())
+    if tuple(o.shape) != tuple(o_a.shape) or tuple(lse.shape) != tuple(lse_a.shape):
+        raise AttentionCheckError(f"{tag} o must have o_a's shape {tuple(o_a.shape)} and lse lse_a's "
+                                  f"{tuple(lse_a.shape)}; got {tuple(o.shape)} and {tuple(lse.shape)}")
+    if not torch.isfinite(o).all():
+        rows = sorted({int(r) for r in torch.nonzero(~torch.isfinite(o).all(-1))[:, 2]})
+        both = [r for r in rows if 8 <= r < 16]
+        cause = ("rows 8-15 saw no key in either part: their lse is -inf and their o must be 0; "
+                 "-inf - (-inf) is NaN, so guard the subtraction where the merged lse is -inf"
+                 if rows and len(both) == len(rows) else
+                 "exp(lse) overflows float32 when lse is in the hundreds: weight each part by "
+                 "exp(lse_part - lse), with lse = logaddexp(lse_a, lse_b), which is at most 1")
+        raise AttentionCheckError(f"{tag} NaN or inf in o at rows {_ranges_of(rows)}.\n  likely cause: {cause}")
+    lse_ok = (torch.isneginf(lse) == none).all() and float((lse - lse_ref).masked_fill(none, 0).abs().max()) < 1e-4 * 200
+    err = float((o - o_ref).abs().max())
+    if err > 1e-4 or not lse_ok:
+        plain = o_a.double() + o_b.double()
+        cause = ("o = o_a + o_b: the parts were added without their weights exp(lse_a - lse) and exp(lse_b - lse)"
+                 if float((o - plain).abs().max()) < 1e-4 else
+                 "lse = logaddexp(lse_a, lse_b) and o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b"
+                 if not lse_ok else
+                 "o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b with lse = logaddexp(lse_a, lse_b)")
+        raise AttentionCheckError(f"{tag} wrong merge: max|o - ref| = {err:.3g}"
+                                  f"{'' if lse_ok else ', and lse is wrong'}.\n  likely cause: {cause}")
+    if verbose:
+        print(f"{tag} passed: max|o - ref| {err:.2e}")
+
+
+def _ranges_of(rows: list[int]) -> str:
+    from .check import _ranges
+    return _ranges(rows)
+
+
+def block_attention(q, k, v, causal: bool = False, scale=None):
+    """The course's single-device kernel for one (query shard, key shard) block on a CPU: ``(o, lse)``
+    with o in q's dtype and lse float32 [B, Hq, Sq]; causal is bottom-right aligned, and a row that
+    sees no key gives o = 0, lse = -inf. On a GPU, use your own step-05 kernel instead."""
+    o, lse = reference_attention(q, k, v, causal, scale, dtype=torch.float32)
+    return o.to(q.dtype), lse

@@ -1,0 +1,52 @@
+"""Step 12, ring attention: the exercise as it is graded (CPU tier: gloo ranks forked by the kernel).
+
+The exercise's solution, put into the released notebook, scores every point through nbgrader
+(``GRADING``, graded by tests/test_exercise_grading.py in one autograde run with the other steps':
+the ranks are forked from a real Jupyter kernel there); the untouched stub scores 0 (through the
+judge, in one process). Each mistake of the issue, planted in the solution, loses the points of a
+test whose message names it: a merge without its weights, zigzag shards read as contiguous, the last
+shard never used, ranks waiting on each other (a deadlock: the test fails at its time limit), and
+K/V gathered instead of passed point to point. The GPU tier (two GPUs, NCCL) is the ladder runner's.
+"""
+from __future__ import annotations
+
+from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
+
+STEP = "12_ring_attention"
+
+# through nbgrader, the solution scores all 13 points (every test runs on a CPU); the stub, in process, 0
+GRADING = solution_and_stub(STEP, 13, set(), 0, stub=False)
+
+_WEIGHTED = "o = torch.exp(lse_a - safe)[..., None] * o_a + torch.exp(lse_b - safe)[..., None] * o_b"
+_PASS = ('''pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % P, group),
+                                              dist.P2POp(dist.irecv, incoming, (rank - 1) % P, group)])''')
+
+# (the cell, the solution's text, the mistake, the test that loses its points, what its message names)
+PLANTED = {
+    "merge_without_weights": ("merge", _WEIGHTED, "o = o_a + o_b", "test_merge", "without their weights"),
+    # the same merge inside the ring: the ring's diagnosis names it from the gathered output alone
+    "ring_merge_without_weights": ("merge", _WEIGHTED, "o = o_a + o_b", "test_causal", "without their weights"),
+    "zigzag_as_contiguous": ("ring", "return [bounds[c] for c in ((r, n - 1 - r) if causal else (r,))]",
+                             "return [chunk_bounds(int(total), P)[r]]", "test_causal",
+                             "zigzag shards were read as contiguous"),
+    "last_shard_missing": ("ring", "for t in range(P):", "for t in range(P - 1):", "test_noncausal",
+                           "arrives on the last step is never used"),
+    "ranks_wait_on_each_other": ("ring", _PASS, "dist.recv(incoming, (rank - 1) % P, group)\n"
+                                 "            dist.send(kv, (rank + 1) % P, group)\n            pending = []",
+                                 "test_noncausal", "waiting on each other"),
+    "kv_gathered": ("ring", "    dist.all_reduce(total, group=group)\n",
+                    "    dist.all_reduce(total, group=group)\n"
+                    "    dist.all_gather([torch.empty_like(k) for _ in range(P)], k, group=group)\n",
+                    "test_point_to_point", "through collectives"),
+}
+
+
+def test_stub_scores_nothing(tmp_path):
+    assert_stub_scores_nothing(tmp_path, STEP, ("setup",))
+
+
+def test_planted_bugs_lose_the_points_that_name_them(tmp_path, monkeypatch):
+    """Each mistake, planted in the solution, scores 0 in the test named for it, whose message names it;
+    the deadlock within its time limit (5 s here, where graded rings get 30)."""
+    monkeypatch.setenv("FACOURSE_RING_TIMEOUT", "5")
+    assert_planted_bugs_named(tmp_path, STEP, ("setup",), PLANTED)
