@@ -8,9 +8,10 @@ report names why (TAMPER_REASONS).
 
 Every submission costs a whole nbgrader process (Python, a kernel, PyTorch: about 13 CPU-seconds), so
 the corpus holds one submission per way a submission can go wrong in the pipeline. What the judge
-alone decides (the check's diagnosis of a wrong answer, the scan's rules) is asserted in-process for
-the variants that add no pipeline path of their own (IN_PROCESS below; tests/test_judge.py has the
-judge's rules one by one).
+alone decides (the check's diagnosis of a wrong answer, the guards' findings) is asserted in-process
+for the variants that add no pipeline path of their own (IN_PROCESS below), and what the scan alone
+decides for the forgeries whose effect stays in the kernel (SCAN_ONLY); tests/test_judge.py has the
+judge's rules one by one.
 """
 import json
 import time
@@ -44,32 +45,33 @@ TESTS = ["test_small", "test_medium", "test_large", "test_noncausal", "test_asym
          "test_edge_ragged", "test_edge_empty_rows"]
 HIDDEN = TESTS[1:]
 
+ZEROS = _fn("return torch.zeros_like(q)")
+
 # student -> (code of the solution cell, or a whole notebook / raw text; expected score; what the
 # status or a failed test's message must say)
 CORPUS = {
     "ok": (SOL, 7, "graded"),
     "import_error": ("import not_a_real_module_42\n" + SOL, 0, "graded"),
-    "infinite_loop": ("while True:\n    pass\n" + SOL, 0, "graded"),   # interrupted after 15 s
-    # the kernel dies (a crash; forge_os_exit below is the kernel leaving on purpose)
+    # interrupted after 15 s (a loop that sleeps: the interrupt is the same, and CI's CPU is not spent)
+    "infinite_loop": ("import time\nwhile True:\n    time.sleep(0.1)\n" + SOL, 0, "graded"),
+    # the kernel dies (a crash; forge_os_exit, in SCAN_ONLY, is the kernel leaving on purpose)
     "segfault": (_fn("import ctypes\nctypes.memset(0, 1, 64)"), 0, "kernel died"),
     "sys_exit": (_fn("import sys\nsys.exit(3)"), 0, "flagged"),
-    "zeros": (_fn("return torch.zeros_like(q)"), 0, "graded"),
-    "calls_sdpa": (SDPA, 0, "graded"),
     # caught twice: by the caching check of test_medium, and by test_small, whose judged calls come
     # after the visible ones on the same shapes
     "caches": ("_cache = {}\n" + _wrap("key = (tuple(q.shape), causal, scale)\n"
                                        "if key in _cache:\n    return _cache[key]",
                                        "_cache[key] = o"), 5, "graded"),
-    "mutates_inputs": (_wrap(after="q.mul_(2)"), 0, "graded"),
     "deleted_test": ("deleted", 7, "deleted cells restored: test_small"),
-    "edited_tests": ("edited", 0, "graded"),
+    "edited_tests": ("edited", 0, "graded"),     # a wrong answer (zeros) whose test cells say `pass`
     "not_json": ("this is { not a notebook", 0, "not a notebook"),
     "wrong_name": ("wrong_name", 0, "missing notebook 01_vanilla_attention.ipynb"),
     # --- forgeries (issue: grades that cannot be forged) -------------------------------------
-    # the three that scored 6/7, 6/7 and 7/7 before the judge (the third, forge_check_sdpa, is in IN_PROCESS)
-    "forge_check_zeros": (_fn("return torch.zeros_like(q)") + "\ncheck_entry_point = lambda *a, **k: None",
+    # the three that scored 6/7, 6/7 and 7/7 before the judge (the third, forge_check_sdpa, is in IN_PROCESS);
+    # the forgeries that take no pipeline path of their own are in IN_PROCESS and SCAN_ONLY below
+    "forge_check_zeros": (ZEROS + "\ncheck_entry_point = lambda *a, **k: None",
                           0, "flagged"),
-    "forge_import": (_fn("return torch.zeros_like(q)") + """
+    "forge_import": (ZEROS + """
 import builtins, types
 _real_import = builtins.__import__
 def _fake_import(name, *args, **kwargs):
@@ -80,19 +82,8 @@ def _fake_import(name, *args, **kwargs):
         return m
     return _real_import(name, *args, **kwargs)
 builtins.__import__ = _fake_import""", 0, "flagged"),
-    # a library patch that returns plausible objects: the kernel-side client and check say "passed"
-    "forge_library": (_fn("return torch.zeros_like(q)") + """
-import autograder.judge_client as _jc, facourse.check as _fc
-_jc.judge = lambda test, fn: print(f"judge: {test}: 1 of 1 point(s)")
-_fc.check_attention = lambda o, *a, **k: _fc.CheckReport("small", 0.0, 1e-3, 0.0, 0.0)""", 0, "flagged"),
     "forge_sys_exit": (SOL + "\nimport sys\nsys.exit(0)", 0, "flagged"),
-    "forge_os_exit": (SOL + "\nimport os\nos._exit(0)", 0, "kernel died"),
-    # after each call, a thread fills the returned zeros with SDPA's answer (outside the guard's thread)
-    "forge_thread": (_fn("o = torch.zeros_like(q)\n"
-                         "threading.Thread(target=lambda: o.copy_(torch.nn.functional.scaled_dot_product_attention(\n"
-                         "    q, k, v, is_causal=causal, scale=scale, enable_gqa=True))).start()\n"
-                         "import time; time.sleep(0.05)\nreturn o") + "\nimport threading", 0, "flagged"),
-    "forge_atexit": (_fn("return torch.zeros_like(q)") + """
+    "forge_atexit": (ZEROS + """
 import atexit, json, glob
 def _rewrite():
     for p in glob.glob("*.ipynb"):
@@ -109,41 +100,35 @@ _s.connect(os.environ["FACOURSE_" + "JUDGE"])
 _h = json.dumps({"op": "call", "test": "test_large", "check": 0, "n": 0, "result": {"v": None},
                  "blob_sizes": []}).encode()
 _s.sendall(struct.pack("!IQ", len(_h), 0) + _h)""", 0, "flagged"),
-    # a torch function the check relies on, patched in the kernel
-    "forge_torch": (_fn("return torch.zeros_like(q)") + "\ntorch.isfinite = lambda x: torch.ones_like(x, dtype=torch.bool)"
-                    "\ntorch.Tensor.amax = lambda self, *a, **k: torch.tensor(0.0)", 0, "flagged"),
 }
 
 # the reason the report must give for each forgery (in a failed test's message or in the status)
 TAMPER_REASONS = {
     "forge_check_zeros": "rebinds check_entry_point",
     "forge_import": "builtins",
-    "forge_library": "monkeypatching",
     "forge_sys_exit": "sys.exit",
-    "forge_os_exit": "kernel died",
-    "forge_thread": "imports threading",
     "forge_atexit": "imports atexit",
     "forge_record": "imports socket",
-    "forge_torch": "monkeypatching",
 }
 
 # the cause a failed test's message names, for the cheats the guards catch
 MESSAGES = {
-    "calls_sdpa": ("test_small", "scaled_dot_product_attention"),
     "caches": ("test_medium", "cached or precomputed"),
-    "mutates_inputs": ("test_small", "was modified by the call"),
-    "zeros": ("test_small", "all zeros"),
     "import_error": ("test_small", "NameError"),
     "infinite_loop": ("test_large", "NameError"),
     "sys_exit": ("test_small", "SystemExit"),
 }
 
 
-# Variants that take no pipeline path of their own, asserted without nbgrader (test_variants_judged_in_process): a
-# wrong answer whose diagnosis the judge relays as it relays "all zeros" (zeros above), and a
-# forgery that combines two the corpus grades (forge_check_zeros's rebinding, calls_sdpa's SDPA).
+# Variants that take no pipeline path of their own, asserted without nbgrader (test_variants_judged_in_process):
+# wrong answers whose diagnosis the judge relays as it relays the corpus's caching (a judged test that
+# fails with the check's message), and forgeries that combine two the corpus grades
+# (forge_check_zeros's rebinding, a guard's finding).
 # student -> (code of the solution cell, the hidden test, what its verdict's message must say)
 IN_PROCESS = {
+    "zeros": (ZEROS, "test_small", "all zeros"),
+    "calls_sdpa": (SDPA, "test_medium", "scaled_dot_product_attention"),
+    "mutates_inputs": (_wrap(after="q.mul_(2)"), "test_small", "was modified by the call"),
     "mean_of_v": (_fn("g = q.shape[1] // k.shape[1]\n"
                       "return v.repeat_interleave(g, 1).mean(2, keepdim=True).expand_as(q).clone()"),
                   "test_small", "mean of V"),
@@ -155,6 +140,29 @@ IN_PROCESS = {
 #: the scan's tamper rule for an in-process forgery (a tamper flag scores the judged tests 0 in
 #: autograde, as the corpus's forge_check_zeros shows end to end)
 IN_PROCESS_FLAGS = {"forge_check_sdpa": "rebinds check_entry_point"}
+
+# Forgeries whose effect stays in the student's kernel, which decides nothing (the judge checks in its
+# own process, and the hidden cells' points are the judge's), or that only the scan sees (a thread):
+# each is a tamper flag of the scan, which scores the judged tests 0 in autograde (forge_check_zeros
+# in the corpus shows it end to end); a kernel that ends itself is the corpus's segfault.
+# student -> (code of the solution cell, the scan's rule)
+SCAN_ONLY = {
+    # a library patch that returns plausible objects: the kernel-side client and check say "passed"
+    "forge_library": (ZEROS + """
+import autograder.judge_client as _jc, facourse.check as _fc
+_jc.judge = lambda test, fn: print(f"judge: {test}: 1 of 1 point(s)")
+_fc.check_attention = lambda o, *a, **k: _fc.CheckReport("small", 0.0, 1e-3, 0.0, 0.0)""", "monkeypatching"),
+    # a torch function the check relies on, patched in the kernel
+    "forge_torch": (ZEROS + "\ntorch.isfinite = lambda x: torch.ones_like(x, dtype=torch.bool)"
+                    "\ntorch.Tensor.amax = lambda self, *a, **k: torch.tensor(0.0)", "monkeypatching"),
+    "forge_os_exit": (SOL + "\nimport os\nos._exit(0)", "calls os._exit()"),
+    # a thread fills the returned zeros with SDPA's answer before the call returns: the guard watches
+    # the calling thread only, so the judge alone would accept this one; the scan is what catches it
+    "forge_thread": (_fn("o = torch.zeros_like(q)\n"
+                         "threading.Thread(target=lambda: o.copy_(torch.nn.functional.scaled_dot_product_attention(\n"
+                         "    q, k, v, is_causal=causal, scale=scale, enable_gqa=True))).start()\n"
+                         "import time; time.sleep(0.05)\nreturn o") + "\nimport threading", "imports threading"),
+}
 
 
 def test_variants_judged_in_process():
@@ -170,6 +178,12 @@ def test_variants_judged_in_process():
             assert not tamper, (student, tamper)
 
 
+def test_kernel_side_forgeries_are_flagged_by_the_scan():
+    for student, (code, rule) in SCAN_ONLY.items():
+        tamper = [f.rule for f in scan_source(code, "cell vanilla_attention") if f.severity == "tamper"]
+        assert any(rule in r for r in tamper), (student, tamper)
+
+
 def _submissions(tmp_path):
     nb = release_notebook(A)
     subs = tmp_path / "submitted"
@@ -183,7 +197,7 @@ def _submissions(tmp_path):
                              if c["metadata"].get("nbgrader", {}).get("grade_id") != "test_small"]
             path.write_text(json.dumps(full))
         elif code == "edited":     # a wrong answer whose every test cell was replaced by `pass`
-            path.write_text(json.dumps(fill(nb, {"vanilla_attention": CORPUS["zeros"][0],
+            path.write_text(json.dumps(fill(nb, {"vanilla_attention": ZEROS,
                                                  **{t: "pass" for t in TESTS}})))
         elif code == "wrong_name":
             (d / "my_attention.ipynb").write_text(json.dumps(fill(nb, {"vanilla_attention": SOL})))
@@ -211,7 +225,6 @@ def test_bad_submission_corpus_in_one_parallel_run(tmp_path, capsys):
     for s, (_, _, says) in CORPUS.items():
         assert says in res[s].status, (s, res[s].status)
         assert res[s].max_score == 7, (s, res[s].max_score)
-    assert set(res["calls_sdpa"].failed) == set(TESTS)
     assert res["caches"].failed == ["test_small", "test_medium"]
     for s, (gid, text) in MESSAGES.items():
         assert text in res[s].messages.get(gid, ""), (s, res[s].messages)
