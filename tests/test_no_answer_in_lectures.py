@@ -9,6 +9,7 @@ rows, batches and heads, GQA's head map) where the lecture works on smaller piec
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import os
 import subprocess
@@ -232,3 +233,56 @@ def test_lecture_10_tiled_variant_wrapped_as_the_exercise_scores_nothing():
     v = run_inprocess("10_attention_variants", flex_attention_triton, ["test_window"])["test_window"]
     assert v.points == 0, f"the lecture's loop scored {v.points}"
     assert "matrix product" in v.message, v.message
+
+
+# ----------------------------------------------------------------------------- lecture 12 -> exercise 12
+POINT_TO_POINT = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "P2POp", "send_object_list",
+                  "recv_object_list", "recv_anysource"}
+RING_TESTS = ["test_noncausal", "test_causal", "test_ragged", "test_gqa_edges", "test_bf16", "test_point_to_point"]
+
+
+@functools.lru_cache(maxsize=None)
+def _lecture_12_verdicts():
+    """Lecture 12's all-gather demo (Llama 3's design: a correct context-parallel attention), wrapped as
+    exercise 12's entry point, graded on the ring tests through the judge (forked gloo ranks)."""
+    from autograder.judge import run_inprocess
+
+    head = ("import math\nimport torch\nimport torch.distributed as dist\nfrom facourse import default_scale\n"
+            "from facourse.ring import chunk_bounds, rank_chunks, shard_index\nKiB = 2 ** 10\n")
+    ns: dict = {}
+    exec(head + lecture_source("12_ring_attention", ["allgather_kv_attention"]), ns)
+
+    def ring_attention(q, k, v, causal=False, scale=None, group=None):
+        return ns["allgather_kv_attention"](q, k, v, causal=causal, scale=scale, group=group)
+
+    return run_inprocess("12_ring_attention", ring_attention, RING_TESTS)
+
+
+def test_lecture_12_shows_no_point_to_point_ring():
+    """Exercise 12's answer is the ring itself: K/V shards passed between neighbours with point-to-point
+    transfers, the blocks merged in lse form. Lecture 12 gives the ring in prose and pictures only: no
+    line of its code names a point-to-point operation, and its demo gathers K and V with collectives,
+    which the exercise's traffic test refuses with a message that says so."""
+    text = (ROOT / "course" / "12_ring_attention.pct.py").read_text(encoding="utf-8")
+    names = set()
+    for node in ast.walk(ast.parse(text)):          # code only: the markdown cells are comments to ast
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add(node.name.rsplit(".", 1)[-1])
+    assert not names & POINT_TO_POINT, f"lecture 12's code names {sorted(names & POINT_TO_POINT)}"
+    v = _lecture_12_verdicts()["test_point_to_point"]
+    assert v.points == 0, f"the lecture's all-gather scored {v.points} on test_point_to_point"
+    assert "through collectives" in v.message, v.message
+
+
+@pytest.mark.xfail(strict=True, reason="exercise 12 checks the traffic in test_point_to_point only, so the "
+                   "lecture's all-gather scores the correctness tests (10 of 13 points): check_traffic belongs "
+                   "in every ring test (autograder/plans.py, _step12: traffic=True); then drop this marker")
+def test_lecture_12_all_gather_wrapped_as_the_exercise_scores_nothing():
+    """The all-gather demo is a correct attention on every ring case; exercise 12 asks for the ring, so
+    none of its ring tests may give it a point."""
+    scored = {t: v.points for t, v in _lecture_12_verdicts().items() if v.points}
+    assert not scored, f"lecture 12's all-gather scored {scored}"
