@@ -50,3 +50,35 @@ def test_planted_bugs_lose_the_points_that_name_them(tmp_path, monkeypatch):
     the deadlock within its time limit (5 s here, where graded rings get 30)."""
     monkeypatch.setenv("FACOURSE_RING_TIMEOUT", "5")
     assert_planted_bugs_named(tmp_path, STEP, ("setup",), PLANTED)
+
+
+def _visible_run(code: dict) -> str:
+    """The notebook's set-up, solution cells and visible test cells run as a student's Run All runs
+    them (no judge): '' when every visible cell passes, else the first failure's message."""
+    import json
+
+    from conftest import ROOT
+    nb = json.loads((ROOT / "solutions" / STEP / f"{STEP}.ipynb").read_text(encoding="utf-8"))
+    scope = {"__name__": "__main__"}
+    for cell in nb["cells"]:
+        meta = cell["metadata"].get("nbgrader", {})
+        if cell["cell_type"] != "code" or (meta.get("grade") and "check_" not in "".join(cell["source"])):
+            continue
+        src = code.get(meta.get("grade_id")) or "".join(cell["source"]).split("### BEGIN HIDDEN TESTS")[0]
+        try:
+            exec(src, scope)
+        except AssertionError as err:
+            return str(err)
+    return ""
+
+
+def test_visible_cells_name_each_planted_mistake():
+    """A student's Run All, before any grading: the solution passes the visible cells, and each ring
+    mistake fails the first of them with a message that names it (the merge's, then the ring's)."""
+    from conftest import solution_code
+    solution = solution_code(STEP)
+    assert _visible_run(solution) == ""
+    for bug in ("merge_without_weights", "zigzag_as_contiguous", "last_shard_missing"):
+        cell, old, new, _, says = PLANTED[bug]
+        got = _visible_run({**solution, cell: solution[cell].replace(old, new)})
+        assert says in got, (bug, got)
