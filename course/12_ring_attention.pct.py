@@ -708,7 +708,7 @@ for link, beta in LINKS.items():
 COLUMNS = (   # (heading, the names a results row may give it)
     ("rung", ("rung",)), ("config", ("config",)), ("dtype", ("dtype",)), ("GPUs", ("world", "ranks", "gpus")),
     ("ms", ("ms", "ms_ring", "time_ms")), ("one GPU, ms", ("ms_one_gpu", "one_gpu_ms", "ms_single", "ms_1gpu", "ms_ref")),
-    ("speedup", ("speedup",)), ("scaling efficiency", ("efficiency", "scaling_efficiency")),
+    ("speedup", ("speedup", "ratio")), ("scaling efficiency", ("efficiency", "scaling_efficiency")),
     ("overlap wait", ("wait_ms", "overlap_wait_ms", "comm_wait_ms", "overlap_wait", "wait_fraction")))
 
 
@@ -722,14 +722,16 @@ def ring_table(rows):
     cols = [(head, keys) for head, keys in COLUMNS if any(k in r for r in rows for k in keys)]
     known = {k for _, keys in COLUMNS for k in keys} | {"kind"}
     cols += [(k, (k,)) for k in dict.fromkeys(k for r in rows for k in r)
-             if k not in known and all(isinstance(r.get(k), (int, float, str, type(None))) for r in rows)]
+             if k not in known and all(isinstance(r.get(k), (int, float, str, list, type(None))) for r in rows)]
 
     def cell(r, keys):
         key = next((k for k in keys if k in r), None)
         x = None if key is None else r[key]
         if x is None:
             return "—"
-        if isinstance(x, float) and key == "speedup":
+        if isinstance(x, list):                                   # one number per rank
+            return " / ".join(f"{y:.3g}" if isinstance(y, float) else str(y) for y in x)
+        if isinstance(x, float) and key in ("speedup", "ratio"):
             return f"{x:.2f}x"
         if isinstance(x, float) and ("efficiency" in key or "fraction" in key) and x <= 1.5:
             return f"{x:.0%}"
@@ -749,10 +751,14 @@ else:
 
     try:
         print(results.header(R12))
-    except (KeyError, TypeError):
+    except Exception:             # a header with fields missing: what there is of it
         env = R12.get("env", {})
         print(", ".join(str(env[k]) for k in ("gpu", "date", "torch") if k in env))
-    display(Markdown(ring_table(rows12)))
+    try:                          # the README's renderer of the same rows, where this library has one
+        table = results.ring_table(R12)
+    except Exception:             # none, or rows of another shape: the generic table above
+        table = ring_table(rows12)
+    display(Markdown(table))
 
 # %% [markdown]
 # Read the measurement against sections 4 and 5: at 64k and 128k tokens on two GPUs the shards are 32k
