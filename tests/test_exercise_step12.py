@@ -14,8 +14,8 @@ from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solu
 
 STEP = "12_ring_attention"
 
-# through nbgrader, the solution scores all 13 points (every test runs on a CPU); the stub, in process, 0
-GRADING = solution_and_stub(STEP, 13, set(), 0, stub=False)
+# through nbgrader, the solution scores all 11 points (every test runs on a CPU); the stub, in process, 0
+GRADING = solution_and_stub(STEP, 11, set(), 0, stub=False)
 
 _WEIGHTED = "o = torch.exp(lse_a - safe)[..., None] * o_a + torch.exp(lse_b - safe)[..., None] * o_b"
 _PASS = ('''pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % P, group),
@@ -37,7 +37,7 @@ PLANTED = {
     "kv_gathered": ("ring", "    dist.all_reduce(total, group=group)\n",
                     "    dist.all_reduce(total, group=group)\n"
                     "    dist.all_gather([torch.empty_like(k) for _ in range(P)], k, group=group)\n",
-                    "test_point_to_point", "through collectives"),
+                    "test_causal", "through collectives"),
 }
 
 
