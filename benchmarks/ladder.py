@@ -2,8 +2,9 @@
 
     PYTHONPATH=src:. python -m benchmarks.ladder STEP [--only RUNGS] [--quick] [--out DIR]
     PYTHONPATH=src:. python -m benchmarks.ladder 06 --sanitize [--only v6_fa2_tiles_lazy] [--checks small,ragged]
+    PYTHONPATH=src:. python -m benchmarks.ladder 12 [--only RUNGS] [--quick] [--cpu-smoke]
 
-STEP is 05 to 10; what it runs comes from solutions/NN_*/step.toml (facourse.steps):
+STEP is 05 to 12; what it runs comes from solutions/NN_*/step.toml (facourse.steps):
 - the solution rung: checked (facourse.check_entry_point, with lse) on the five configurations
   and every edge case in fp16 and bf16, then timed with facourse.bench_attention against SDPA's
   FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends on the five, `long` and the manifest's sweep
@@ -25,6 +26,17 @@ fp16 and bf16) and timed on its perf cases (a 1024 window at 8k and 16k against 
 FlexAttention, causal 8k against SDPA; both sides given their block mask built once) and `long`; its
 FP8 rung (`entry_point = "flash_attention_fp8"`) is checked by its error bound (check_fp8) and timed
 on inputs already in FP8 (bench_fp8) against SDPA in fp16.
+Step 12's manifest says `mode = "ring"`: its rungs are ring_attention(q, k, v, causal=, scale=, group=),
+one rank's part of attention over a sequence split across ranks (facourse.ring). Each rung runs in a
+world of 2 spawned ranks, one GPU each, NCCL (NVLink multicast off in every rank), loaded by path in
+each: checked on the shapes of every case of facourse.ring.RING_CASES in fp16 and bf16 (rank 0 checks
+the gathered rows against the reference with facourse.check_attention), then timed on causal 64k and
+128k (B 1, H 16, D 128, fp16): each call after a barrier, CUDA events on both ranks, the slower rank's
+time. The reference is the same block kernel (step 05's solution) over the whole sequence on one GPU,
+timed once in the first world; rows add the speedup over it, the efficiency (speedup / 2), per rank
+the compute time and the wait for the next shard after it at every ring step (ring_common.mark; ≈ 0
+when the transfer is hidden), and one shard's transfer timed alone. Fewer than 2 GPUs: it says so and
+exits 2. --cpu-smoke runs the same path on 2 CPU ranks (gloo, tiny shapes): the runner's own test.
 Triton rungs are loaded from their file; CUDA rungs are built with facourse.cuda_build's
 load_cuda_extension (rung .cu + the step's fa_binding.cpp; sm_90a for step 07), all at once in a
 process pool. Each rung then runs in its own process under --timeout (a hung kernel costs that
@@ -66,6 +78,11 @@ SCHEMA = 1
 #  "rows": [{rung, config, dtype, kind: "check", check: "ok"|"error", error?}
 #           {rung, config, dtype, kind: "bench", ref_backend, tflops, tflops_ref, ratio, ms, ms_ref,
 #            host_us, host_ref_us, mode?: "train"} or {..., kind: "bench", ref_backend, error}]}
+# A ring step ("mode": "ring") has "world", "ring_env" and "one_gpu" {config: {ms}} at the top; its check rows
+# have "world" and "seed", its bench rows
+#           {rung, config, dtype, kind: "bench", world, ms (step), rank_ms, compute_ms, wait_ms (per rank, summed
+#            over the ring steps), step_compute_ms, step_wait_ms (per rank per step), transfer_ms (one shard
+#            alone), shard_mb, ref_backend, ms_ref, tflops, tflops_ref, ratio (speedup), efficiency}
 # A decode step ("mode": "decode") has "copy_gbps" in env and bench rows
 #           {rung, config, dtype, kind: "bench", ref_backend, gbps, gbps_ref, copy_fraction, ratio, ms, ms_ref,
 #            host_us, host_ref_us}
@@ -358,6 +375,317 @@ def _bench_decode(fn, name, bds, res, save, bench_decode) -> None:
         save()
 
 
+# ---------------------------------------------------------------------------- step 12: the ring
+RING_WORLD = 2
+#: What a ring rung is timed on: causal fp16, B 1, Hq = Hkv = 16, D 128, the sequence over 2 GPUs.
+RING_CONFIGS = {c.name: c for c in (AttnConfig("ring_causal_64k", 1, 16, 16, 65536, 65536, 128, True),
+                                    AttnConfig("ring_causal_128k", 1, 16, 16, 131072, 131072, 128, True))}
+#: --cpu-smoke: the same path on CPU ranks (gloo, facourse.ring.block_attention), at sizes a test affords.
+RING_SMOKE_CONFIGS = {c.name: c for c in (AttnConfig("smoke_causal_256", 1, 2, 2, 256, 256, 64, True),
+                                          AttnConfig("smoke_causal_512", 1, 2, 2, 512, 512, 64, True))}
+#: NVLink multicast (NVLS) off in every rank: set before the ranks are spawned, which inherit it.
+RING_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+RING_ITERS = {"gpu": (3, 20, 3), "cpu": (1, 3, 1)}       # (warm-up calls, timed calls, probed calls)
+RING_TIMING = ("benchmarks.ladder ring: every rank passes a barrier, then CUDA events around its call (the host "
+               "clock on CPU ranks); a call's step time is the slower rank's; median of {timed} calls after {warmup} "
+               "discarded; the L2 not flushed (a shard is larger than it). The one-GPU reference: the same block "
+               "kernel over the whole sequence on rank 0's GPU, median of {timed}. Phases (compute, then the wait for "
+               "the next shard) from events at the rung's marks over {probed} further calls, median per step")
+
+
+def ring_plan(quick: bool, smoke: bool, checks: list[str] | None = None) -> tuple[list, list]:
+    """(checks [(case, dtype)], timed configuration names) of a ring rung. On the GPUs: the shapes of
+    every case of facourse.ring.RING_CASES, run on the 2 ranks (ragged lengths, GQA, MQA, 7 rows over
+    4 zigzag chunks), fp16 and bf16, then RING_CONFIGS. --quick: the 2-rank cases in fp16, the 64k
+    configuration; --cpu-smoke: the 2-rank cases in fp16, RING_SMOKE_CONFIGS."""
+    from facourse.ring import RING_CASES
+    if checks is None:
+        checks = [c for c, rc in RING_CASES.items() if rc.world == RING_WORLD] if quick or smoke else list(RING_CASES)
+    dtypes = DTYPES[:1] if quick or smoke else DTYPES
+    configs = list(RING_SMOKE_CONFIGS if smoke else RING_CONFIGS)
+    return [(c, dt) for dt in dtypes for c in checks], configs[:1] if quick and not smoke else configs
+
+
+class _Clock:
+    """Time stamps on the device's stream (CUDA events) or the host's clock (CPU ranks)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def stamp(self):
+        import torch
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def sync(self) -> None:
+        import torch
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+
+class _Probe:
+    """ring_common.PROBE: a stamp at each of the rung's marks; ``phases`` pairs each label with the
+    time since the stamp before it."""
+
+    def __init__(self, clock: _Clock):
+        self.clock, self.marks = clock, []
+
+    def __call__(self, label: str) -> None:
+        self.marks.append((label, self.clock.stamp()))
+
+    def phases(self) -> list[tuple[str, float]]:
+        return [(b[0], self.clock.ms(a[1], b[1])) for a, b in zip(self.marks, self.marks[1:])]
+
+
+def _median(xs):
+    import statistics
+    return statistics.median(xs)
+
+
+def _timed(call, clock: _Clock, n: int, ranks: bool = True) -> list[float]:
+    """Milliseconds of ``n`` calls, each started together on every rank (``ranks``: a barrier first)."""
+    import torch.distributed as dist
+    out = []
+    for _ in range(n):
+        if ranks:
+            dist.barrier()
+        clock.sync()
+        a = clock.stamp()
+        call()
+        b = clock.stamp()
+        clock.sync()
+        out.append(clock.ms(a, b))
+    return out
+
+
+def _probed(call, clock: _Clock, common, n: int) -> dict:
+    """Per ring step, the median over ``n`` calls of the time it computed and the time it then waited
+    for the next shard (ring_common's marks; ≈ 0 when the transfer hid behind the compute)."""
+    import torch.distributed as dist
+    probe = common.PROBE = _Probe(clock)
+    runs = []
+    try:
+        for _ in range(n):
+            probe.marks = []
+            dist.barrier()
+            clock.sync()
+            probe("start")
+            call()
+            clock.sync()
+            runs.append(probe.phases())
+    finally:
+        common.PROBE = None
+    per = {what: [[ms for label, ms in run if label == what] for run in runs] for what in ("compute", "wait")}
+    return {what: [_median(step) for step in zip(*lists)] for what, lists in per.items()}
+
+
+def _transfer_alone(k, v, clock: _Clock, warmup: int, n: int) -> list[float]:
+    """Milliseconds of one ring step's exchange with nothing else running: this rank's (k, v) to the
+    next rank, the previous rank's received (the timed configurations' shards are of equal size)."""
+    import torch
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def exchange():
+        k_in, v_in = torch.empty_like(k), torch.empty_like(v)
+        ops = [dist.P2POp(dist.isend, k, (rank + 1) % world), dist.P2POp(dist.isend, v, (rank + 1) % world),
+               dist.P2POp(dist.irecv, k_in, (rank - 1) % world), dist.P2POp(dist.irecv, v_in, (rank - 1) % world)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+    _timed(exchange, clock, warmup)
+    return _timed(exchange, clock, n)
+
+
+def _ring_worker(rank: int, job: dict) -> None:
+    """One rank of a ring rung's world (spawned; module-level so that spawn can find it): join the
+    group (NCCL, one GPU per rank; gloo on CPU ranks), check the rung, time it, and, on rank 0, write
+    the rows to job["out"] after each one. A rank whose ring_attention raises ends the world."""
+    import torch
+    import torch.distributed as dist
+
+    from facourse import AttentionCheckError, check_attention, make_inputs
+    from facourse.ring import RING_CASES, shard, shard_index, unshard
+
+    cuda, world = not job["smoke"], job["world"]
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.FileStore(job["store"], world), rank=rank,
+                            world_size=world, **({"device_id": dev} if cuda else {}))
+    fn = _load_py(Path(job["path"])).ring_attention
+    common = sys.modules["ring_common"]        # the rung's support module, as the rung imported it
+    layout, clock = job["layout"], _Clock(cuda)
+    warmup, timed, probed = RING_ITERS["gpu" if cuda else "cpu"]
+    res: dict = {"rows": [], "one_gpu": {}}
+
+    def save():
+        if rank == 0:
+            Path(job["out"]).write_text(json.dumps(res))
+
+    for i, (cname, dt) in enumerate(job["checks"]):
+        c, seed = RING_CASES[cname].cfg, job["seed"] + i
+        row = {"rung": job["rung"], "config": cname, "dtype": dt, "kind": "check", "world": world, "seed": seed}
+        t0 = time.time()
+        q, k, v = make_inputs(c, seed, dev, getattr(torch, dt))
+        o, lse = fn(*(shard(t, world, c.causal, layout=layout)[rank] for t in (q, k, v)), causal=c.causal)
+        parts = [None] * world if rank == 0 else None
+        dist.gather_object((o.cpu(), lse.cpu()), parts, dst=0)
+        if rank == 0:                          # the check on rank 0, of the rows in global order
+            try:
+                check_attention(unshard([p[0] for p in parts], c.causal, layout=layout).to(dev), q, k, v,
+                                c.causal, lse=unshard([p[1] for p in parts], c.causal, layout=layout).to(dev),
+                                config=f"{c.describe()} on {world} ranks", seed=seed)
+                row["check"] = "ok"
+            except AttentionCheckError as e:
+                row.update(check="error", error=str(e)[:1500])
+                print(f"  FAIL {job['rung']} {cname} {dt}: {row['error'][:300]}", flush=True)
+            row["seconds"] = round(time.time() - t0, 2)
+            res["rows"].append(row)
+            save()
+    go = [job["bench"] and all(r["check"] == "ok" for r in res["rows"])]
+    dist.broadcast_object_list(go, src=0)
+    if not go[0]:
+        dist.destroy_process_group()
+        return
+
+    configs = RING_SMOKE_CONFIGS if job["smoke"] else RING_CONFIGS
+    for name in job["configs"]:
+        cfg = configs[name]
+        t0 = time.time()
+        rows = len(shard_index(cfg.Sq, world, rank, cfg.causal, layout))
+        q = torch.randn(cfg.B, cfg.Hq, rows, cfg.D, device=dev, dtype=torch.float16)
+        k, v = (torch.randn(cfg.B, cfg.Hkv, rows, cfg.D, device=dev, dtype=torch.float16) for _ in range(2))
+        call = lambda: fn(q, k, v, causal=cfg.causal)  # noqa: E731
+        _timed(call, clock, warmup)
+        mine = {"ms": _timed(call, clock, timed), **_probed(call, clock, common, probed),
+                "transfer": _transfer_alone(k, v, clock, warmup, timed)}
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        if rank == 0:
+            r3 = lambda x: round(x, 4)  # noqa: E731
+            res["rows"].append({
+                "rung": job["rung"], "config": name, "dtype": "float16", "kind": "bench", "world": world,
+                "ms": r3(_median([max(ts) for ts in zip(*(e["ms"] for e in every))])),
+                "rank_ms": [r3(_median(e["ms"])) for e in every],
+                "compute_ms": [r3(sum(e["compute"])) for e in every],
+                "wait_ms": [r3(sum(e["wait"])) for e in every],
+                "step_compute_ms": [[r3(x) for x in e["compute"]] for e in every],
+                "step_wait_ms": [[r3(x) for x in e["wait"]] for e in every],
+                "transfer_ms": r3(_median([max(ts) for ts in zip(*(e["transfer"] for e in every))])),
+                "shard_mb": r3((k.numel() + v.numel()) * k.element_size() / 1e6),
+                "seconds": round(time.time() - t0, 2)})
+        del q, k, v, call
+        if job["baseline"]:
+            if rank == 0:                      # the same block kernel, one device, the whole sequence
+                Q = torch.randn(cfg.B, cfg.Hq, cfg.Sq, cfg.D, device=dev, dtype=torch.float16)
+                K, V = (torch.randn(cfg.B, cfg.Hkv, cfg.Skv, cfg.D, device=dev, dtype=torch.float16)
+                        for _ in range(2))
+                kernel = common.block_kernel(dev)
+                one = lambda: kernel(Q, K, V, causal=cfg.causal)  # noqa: E731
+                _timed(one, clock, warmup, ranks=False)
+                res["one_gpu"][name] = {"ms": round(_median(_timed(one, clock, timed, ranks=False)), 4)}
+                del Q, K, V, one
+            dist.barrier()
+        save()
+    dist.destroy_process_group()
+
+
+def _spawn_world(job: dict, timeout: float) -> str | None:
+    """Run ``_ring_worker`` on job["world"] spawned ranks; None when all finished, else what went wrong
+    (a rank's traceback, or the time limit: the ranks are then killed)."""
+    import torch.multiprocessing as tmp
+    ctx = tmp.start_processes(_ring_worker, args=(job,), nprocs=job["world"], join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                return f"timed out after {timeout:g} s (ranks waiting on each other?)"
+    except Exception as e:  # noqa: BLE001 (ProcessRaisedException, ProcessExitedException: a rank failed)
+        return f"{type(e).__name__}: {e}"[-3000:]
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return None
+
+
+def run_ring(m: dict, names: list[str], out: Path, quick: bool = False, smoke: bool = False,
+             checks: list[str] | None = None, bench: bool = True, timeout: float = 300) -> int:
+    """Step 12: each rung in a world of RING_WORLD spawned ranks (one GPU each, NCCL; gloo CPU ranks
+    with ``smoke``), checked and timed there; the first world also times the one-GPU reference.
+    Writes the results file after every rung and prints the table; 2 when the GPUs are missing."""
+    import secrets
+
+    import torch
+    if not smoke and torch.cuda.device_count() < RING_WORLD:
+        print(f"step {m['step']['id']} runs on {RING_WORLD} GPUs; this machine has {torch.cuda.device_count()} "
+              "(--cpu-smoke runs the same path on CPU ranks)")
+        return 2
+    os.environ.update(RING_ENV)
+    env = env_info()
+    if smoke:
+        env.update(gpu="cpu", capability=None, sm_count=None)
+    warmup, timed, probed = RING_ITERS["cpu" if smoke else "gpu"]
+    cks, configs = ring_plan(quick, smoke, checks)
+    sid = m["step"]["id"]
+    d = {"schema": SCHEMA, "step": sid, "env": env,
+         "timing": RING_TIMING.format(warmup=warmup, timed=timed, probed=probed),
+         "reference": m["reference"]["backend"], "mode": "ring", "world": RING_WORLD, "ring_env": RING_ENV,
+         "solution": m["ladder"]["solution"], "one_gpu": {},
+         "rungs": {n: {"file": rung(m, n)["file"], "verdict": rung(m, n)["verdict"],
+                       "layout": rung(m, n).get("layout", "the rule's")} for n in names}, "rows": []}
+    path = out / f"{env['date']}_{gpu_tag(env['gpu'])}_step{sid}.json"
+    save = lambda: path.write_text(json.dumps(d, indent=1))  # noqa: E731
+    print(json.dumps(env), flush=True)
+    seed = secrets.randbits(30)
+    with tempfile.TemporaryDirectory(prefix="ring_world_") as tmp:
+        for i, n in enumerate(names):
+            job = {"rung": n, "path": str(m["ladder_dir"] / rung(m, n)["file"]), "layout": rung(m, n).get("layout"),
+                   "checks": cks, "configs": configs, "bench": bench, "baseline": bench and not d["one_gpu"],
+                   "smoke": smoke, "world": RING_WORLD, "seed": seed, "store": str(Path(tmp) / f"store_{i}"),
+                   "out": str(Path(tmp) / f"{n}.json")}
+            print(f"== {n}", flush=True)
+            t0 = time.time()
+            err = _spawn_world(job, timeout)
+            if err:
+                d["rungs"][n]["error"] = err
+                print(f"  {n}: {err[-500:]}", flush=True)
+            d["rungs"][n]["seconds"] = round(time.time() - t0, 1)
+            if Path(job["out"]).exists():
+                w = json.loads(Path(job["out"]).read_text())
+                d["one_gpu"].update(w["one_gpu"])
+                d["rows"] += w["rows"]
+            _ring_ratios(d)
+            save()
+    print("\n" + table(d))
+    print(f"JSON: {path}")
+    return 0
+
+
+def _ring_ratios(d: dict) -> None:
+    """Each ring bench row against the one-GPU time of its configuration: TFLOP/s of the causal
+    visible pairs, ratio = speedup = t_one_GPU / t_step, efficiency = speedup / world."""
+    configs = {**RING_CONFIGS, **RING_SMOKE_CONFIGS}
+    for r in d["rows"]:
+        one = d["one_gpu"].get(r["config"])
+        if r["kind"] != "bench" or one is None or "ratio" in r:
+            continue
+        flops = configs[r["config"]].flops()
+        r.update(ref_backend=d["reference"], ms_ref=one["ms"], tflops=round(flops / r["ms"] / 1e9, 2),
+                 tflops_ref=round(flops / one["ms"] / 1e9, 2), ratio=round(one["ms"] / r["ms"], 4),
+                 efficiency=round(one["ms"] / r["ms"] / r["world"], 4))
+
+
 # ---------------------------------------------------------------------------- the run
 def gpu_tag(gpu: str) -> str:
     found = re.search(r"\b([A-Z]\d{2,3})\b", gpu)
@@ -379,6 +707,8 @@ def table(d: dict) -> str:
         if r["kind"] == "bench" and "ratio" in r:
             cname = r["config"] + (" f+b" if r.get("mode") == "train" else "")
             by.setdefault((r["rung"], cname, r["dtype"]), {})[r["ref_backend"][:15]] = r
+    if d.get("mode") == "ring":
+        return "\n".join(lines + ring_lines(d))
     unit, key = ("GB/s", "gbps") if d.get("mode") == "decode" else ("TFLOP/s", "tflops")
     if by:
         lines.append(f"{'rung':>22} {'config':>14} {'dtype':>8} {unit:>7}  vs reference: ratio (ref {unit})")
@@ -388,6 +718,22 @@ def table(d: dict) -> str:
         copy = f" ({first['copy_fraction']:.0%} of a copy)" if "copy_fraction" in first else ""
         lines.append(f"{name:>22} {cname:>14} {dt:>8} {first[key]:7.0f}{copy}  {refs}")
     return "\n".join(lines)
+
+
+def ring_lines(d: dict) -> list[str]:
+    """Step 12's timings: the step against one GPU, and per rank the compute and the wait after it."""
+    rows = [r for r in d["rows"] if r["kind"] == "bench"]
+    if not rows:
+        return []
+    out = [f"{'rung':>22} {'config':>17} {'step ms':>8} {'1 GPU ms':>8} {'speedup':>7} {'eff.':>5} {'TFLOP/s':>7}  "
+           "per rank: compute ms / wait ms after it; one shard's transfer alone"]
+    for r in rows:
+        one = d["one_gpu"].get(r["config"], {}).get("ms")
+        ranks = ", ".join(f"{c:.2f} / {w:.2f}" for c, w in zip(r["compute_ms"], r["wait_ms"]))
+        out.append(f"{r['rung']:>22} {r['config']:>17} {r['ms']:8.2f} {one or float('nan'):8.2f} "
+                   f"{r.get('ratio', float('nan')):6.2f}x {r.get('efficiency', float('nan')):5.0%} "
+                   f"{r.get('tflops', float('nan')):7.0f}  {ranks}; {r['transfer_ms']:.2f} ms ({r['shard_mb']:.0f} MB)")
+    return out
 
 
 def sanitize(m: dict, names: list[str], checks: list[str], out: Path) -> int:
@@ -430,6 +776,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sanitize", action="store_true", help="compute-sanitizer over a CUDA rung's checks")
     ap.add_argument("--checks", default="", help="configurations to check (default: the plan's)")
     ap.add_argument("--no-bench", action="store_true", help="checks only")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="step 12: the ring path on 2 CPU ranks (gloo), tiny shapes: a test of the runner")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -446,6 +794,8 @@ def main(argv=None) -> int:
     names.sort(key=lambda n: n != sol)       # the solution first: a run cut short still has it
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if m["exercise"].get("mode") == "ring":
+        return run_ring(m, names, out, a.quick, a.cpu_smoke, checks, not a.no_bench, a.timeout)
     if a.sanitize:
         return sanitize(m, names if a.only else [m["ladder"]["solution"]],
                         checks or ["small", "ragged", "empty_rows", "decode"], out)

@@ -56,7 +56,7 @@ def latest(step: str) -> tuple[str, dict]:
 def measured() -> dict:
     """course/results/measured.json: what the lectures show, from the committed results."""
     out = {}
-    for step in ("05", "06", "07", "08", "09", "10"):
+    for step in ("05", "06", "07", "08", "09", "10", "12"):
         try:
             name, d = latest(step)
         except FileNotFoundError:
@@ -174,6 +174,8 @@ TABLES = {
     "step09_source": lambda: source("09"),
     "step10": lambda: R.variant_table(_m("10")),
     "step10_source": lambda: source("10"),
+    "step12": lambda: R.ring_table(_m("12")),
+    "step12_source": lambda: source("12"),
 }
 
 

@@ -1,7 +1,8 @@
 """Measured results, as the lectures and the benchmark README show them (no number typed by hand).
 
 ``benchmarks/ladder.py`` writes one JSON per step and GPU run in one schema (``"schema": 1``: step,
-env, timing method, reference backend, solution, rungs, rows of kind "check" or "bench").
+env, timing method, reference backend, solution, rungs, rows of kind "check" or "bench"; step 12's ring
+rows add the step and one-GPU times and, per rank, the compute and the wait for the next shard).
 ``python benchmarks/tables.py`` copies what the lectures show into ``course/results/measured.json``
 (which ships with the student archive: the bench rows and check counts of each step, and the
 timing probe) and writes the README's tables with the functions below, so both read the same rows.
@@ -22,6 +23,9 @@ from pathlib import Path
 
 MEASURED = Path(__file__).resolve().parents[2] / "course" / "results" / "measured.json"
 FA2, CUDNN = "FLASH_ATTENTION", "CUDNN_ATTENTION"
+#: What a ring row (step 12) keeps besides the rate: the step and one-GPU times, the efficiency, and per
+#: rank the compute and the wait for the next shard after it, and one shard's transfer alone.
+RING_KEYS = ("world", "ms", "ms_ref", "efficiency", "compute_ms", "wait_ms", "transfer_ms")
 
 
 def load(step: str, path: Path | str | None = None) -> dict | None:
@@ -35,7 +39,7 @@ def load(step: str, path: Path | str | None = None) -> dict | None:
 def compact(d: dict, source: str) -> dict:
     """What a lecture needs of a full results file: its header, check counts and bench rows."""
     keep = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio", "mode", "gbps", "gbps_ref",
-            "copy_fraction")
+            "copy_fraction") + (RING_KEYS if d.get("mode") == "ring" else ())
     checks: dict = {}
     for r in d["rows"]:
         if r["kind"] == "check":
@@ -71,9 +75,11 @@ def _span(xs: list[float]) -> str:
 def header(d: dict) -> str:
     e = d["env"]
     what = {"backward": "; the backward timed (FLOPs: 2.5x the forward's)",
-            "decode": "; a decode's rate is the bytes of K and V it must read over its time"}.get(d.get("mode"), "")
+            "decode": "; a decode's rate is the bytes of K and V it must read over its time",
+            "ring": "; speedup = t_one_GPU / t_step, efficiency = speedup / ranks"}.get(d.get("mode"), "")
     return (f"{e['gpu']}, {e['date']}, torch {e['torch']}, CUDA {e['cuda']}, cuDNN {e['cudnn']}"
-            + (f", Triton {e['triton']}" if d["step"] in ("05", "08", "09") else "") + f"; timing: {d['timing']}{what}")
+            + (f", Triton {e['triton']}" if d["step"] in ("05", "08", "09", "12") else "")
+            + f"; timing: {d['timing']}{what}")
 
 
 def solution_table(d: dict, train: bool = False) -> str:
@@ -146,6 +152,26 @@ def variant_table(d: dict) -> str:
             first = next(iter(by.values()))
             cells = " | ".join(f"{_x(by[b]['ratio'])} ({by[b]['tflops_ref']:.0f})" if b in by else "—" for b in backends)
             out.append(f"| {n if i == 0 else ''} | {f'{ok}/{total}' if i == 0 else ''} | {c} | {first['tflops']:.0f} | {cells} |")
+    return "\n".join(out)
+
+
+def ring_table(d: dict) -> str:
+    """Step 12: every rung on the timed configurations (fp16, causal): the step time on the ranks against
+    the same block kernel on one GPU, the speedup and efficiency, and per rank the compute time and the
+    wait for the next shard after it (≈ 0 when the transfer hides behind the compute), beside one
+    shard's transfer timed alone."""
+    out = ["| rung | checks | config | step ms | one GPU ms | speedup | efficiency | TFLOP/s | "
+           "compute ms per rank | wait ms per rank | one shard alone, ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ranks(xs):
+        return ", ".join(f"{x:.2f}" for x in xs)
+
+    for n in [d["solution"]] + [n for n in d["rungs"] if n != d["solution"]]:
+        ok, total = d["checks"].get(n, (0, 0))
+        for i, r in enumerate(bench(d, n)):
+            out.append(f"| {n if i == 0 else ''} | {f'{ok}/{total}' if i == 0 else ''} | {r['config']} | {r['ms']:.2f} | "
+                       f"{r['ms_ref']:.2f} | {_x(r['ratio'])} | {r['efficiency']:.0%} | {r['tflops']:.0f} | "
+                       f"{ranks(r['compute_ms'])} | {ranks(r['wait_ms'])} | {r['transfer_ms']:.2f} |")
     return "\n".join(out)
 
 

@@ -1,0 +1,138 @@
+"""Step 12's ladder: the rungs of solutions/12_ring_attention/ladder on CPU ranks (gloo), its manifest,
+and benchmarks/ladder.py's ring mode on the CPU (--cpu-smoke: spawn, group, timing, the results file).
+
+* Every rung against facourse.ring.check_ring (the course's check of the gathered rows; for the rings
+  also the traffic: K and V point to point) on the layout the manifest names: the solution on every
+  case of RING_CASES in float32, and in float16 and bfloat16 on one case each; the other rungs on 4
+  ranks causal (with a scale of 0.3), 3 ranks causal (ragged, uneven shards, an odd ring: v2's parity
+  order must still drain), 3 ranks non-causal (ragged), and MQA in bfloat16.
+* The solution and v1 with the GPU's block kernel (step 05's Triton solution, in the interpreter).
+* A deadlocked ring (v2 with every rank sending first) is stopped by its time limit (RingError).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import load_module
+from facourse.ring import RING_CASES, LAYOUTS, RingError, check_ring
+from facourse.steps import load_step, rung
+
+M = load_step("12")
+LADDER = M["ladder_dir"]
+SOLUTION = M["ladder"]["solution"]
+OTHERS = [r["name"] for r in M["rungs"] if r["name"] != SOLUTION]
+ALLGATHER = "v1_allgather"                      # the one rung that gathers K/V instead of passing it on
+OTHER_CASES = [("w4_causal", "float32", 0.3), ("w3_ragged", "float32", None),
+               ("w3_ragged_noncausal", "float32", None), ("w2_mqa", "bfloat16", None)]
+sys.path.insert(0, str(LADDER))                # the rungs import ring_common from their folder
+CHECKS = ([(SOLUTION, c, "float32", 0.3 if c == "w4_causal" else None) for c in RING_CASES]
+          + [(SOLUTION, "w2_causal", "float16", None), (SOLUTION, "w3_ragged", "bfloat16", None)]
+          + [(n, *case) for n in OTHERS for case in OTHER_CASES])
+
+
+def _rung(name):
+    return load_module(LADDER / rung(M, name)["file"], f"ladder12_{name}")
+
+
+@pytest.mark.parametrize("name,case,dtype,scale", CHECKS)
+def test_rung_passes_check_ring(name, case, dtype, scale):
+    """The rows, and for the rings the traffic: K/V point to point, only the lengths through a collective."""
+    check_ring(_rung(name).ring_attention, case, dtype=getattr(torch, dtype), layout=rung(M, name).get("layout"),
+               scale=scale, traffic=name != ALLGATHER, verbose=False)
+
+
+@pytest.mark.parametrize("name,case", [(SOLUTION, "w2_causal"), (ALLGATHER, "w3_ragged")])
+def test_rings_with_the_gpu_block_kernel(name, case, monkeypatch):
+    """The block kernel a GPU rank uses (step 05's Triton solution, here in the interpreter) in the rings:
+    bottom-right causal with Sq != Skv (v1's chunk against its prefix), blocks that are views of a shard."""
+    import ring_common
+    monkeypatch.setattr(ring_common, "block_kernel", lambda device: ring_common._step05_kernel())
+    check_ring(_rung(name).ring_attention, case, dtype=torch.float16, verbose=False)
+
+
+def test_blocking_ring_without_an_order_is_stopped(monkeypatch):
+    """v2 with every rank sending first: no rank reaches its receive; check_ring's limit stops it."""
+    import torch.distributed as dist
+    v2 = _rung("v2_ring_blocking")
+
+    def every_rank_sends_first(ring, k, v, rows):
+        k_in, v_in = (t.new_empty(*t.shape[:2], rows, t.shape[3]) for t in (k, v))
+        dist.send(k, ring.next)
+        dist.send(v, ring.next)
+        dist.recv(k_in, ring.prev)
+        dist.recv(v_in, ring.prev)
+        return k_in, v_in
+
+    monkeypatch.setattr(v2, "pass_on", every_rank_sends_first)
+    t0 = time.monotonic()
+    with pytest.raises(RingError, match="had not returned after 3 s"):
+        check_ring(v2.ring_attention, "w2_causal", layout="contiguous", timeout=3, verbose=False)
+    assert time.monotonic() - t0 < 20
+
+
+def test_manifest_matches_the_ladder():
+    assert M["step"]["id"] == "12" and M["step"]["title"] and M["exercise"]["mode"] == "ring"
+    assert M["entry_points"] == ["ring_attention"] and M["exercise"]["harness"] == []
+    assert M["reference"]["backend"] == "ONE_GPU"
+    from benchmarks.ladder import RING_CONFIGS
+    assert M["reference"]["graded_configs"] == list(RING_CONFIGS)
+    names = [r["name"] for r in M["rungs"]]
+    assert names == ["v1_allgather", "v2_ring_blocking", "v3_ring_overlap", "v4_zigzag"] and SOLUTION in names
+    listed = {r["file"] for r in M["rungs"]} | set(M["ladder"]["support"])
+    assert {p.name for p in LADDER.iterdir() if p.is_file() and not p.name.startswith(".")} == listed
+    for r in M["rungs"]:
+        assert r["verdict"].strip() and "\n" not in r["verdict"], r["name"]
+        assert r.get("layout", "contiguous") in LAYOUTS, r["name"]
+        head = (LADDER / r["file"]).read_text().split('"""')[1]
+        assert f"{r['name'].split('_')[0]} verdict:" in head, f"{r['file']}: its header states no verdict"
+        assert hasattr(_rung(r["name"]), "ring_attention")
+    assert "layout" not in rung(M, SOLUTION), "the solution shards by the rule (zigzag when causal)"
+
+
+def test_ring_mode_needs_two_gpus(tmp_path, capsys):
+    from benchmarks.ladder import main
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has 2 GPUs")
+    assert main(["12", "--out", str(tmp_path)]) == 2
+    assert "runs on 2 GPUs" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+
+
+def test_ring_mode_cpu_smoke_writes_the_schema(tmp_path, capsys, monkeypatch):
+    """The ring mode end to end on 2 CPU ranks: spawn, group, checks, timing, the probe, the transfer
+    alone, the one-device reference, the results file and the table."""
+    from benchmarks.ladder import RING_ENV, main
+    from facourse import results
+    for k in RING_ENV:                          # the runner sets them for its ranks: restored after the test
+        monkeypatch.setenv(k, "")
+    assert main(["12", "--cpu-smoke", "--only", SOLUTION, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    (f,) = tmp_path.glob("*_cpu_step12.json")
+    d = json.loads(f.read_text())
+    assert {"schema", "step", "env", "timing", "reference", "mode", "world", "one_gpu", "solution", "rungs",
+            "rows"} <= set(d)
+    assert d["schema"] == 1 and d["step"] == "12" and d["mode"] == "ring" and d["world"] == 2
+    assert d["reference"] == M["reference"]["backend"] and d["solution"] == SOLUTION
+    assert set(d["env"]) >= {"gpu", "date", "torch", "triton", "cuda", "cudnn", "capability", "sm_count"}
+    assert "error" not in d["rungs"][SOLUTION], d["rungs"][SOLUTION]
+    checks = [x for x in d["rows"] if x["kind"] == "check"]
+    assert {x["config"] for x in checks} == {c for c, rc in RING_CASES.items() if rc.world == 2}
+    assert all(x["check"] == "ok" for x in checks), checks
+    bench = [x for x in d["rows"] if x["kind"] == "bench"]
+    assert [x["config"] for x in bench] == list(d["one_gpu"]) == ["smoke_causal_256", "smoke_causal_512"]
+    for x in bench:
+        assert x["ref_backend"] == "ONE_GPU" and x["ms"] > 0 and x["ms_ref"] > 0 and x["tflops_ref"] >= 0
+        assert x["ratio"] == pytest.approx(x["ms_ref"] / x["ms"], rel=1e-3)
+        assert x["efficiency"] == pytest.approx(x["ratio"] / 2, rel=1e-3)
+        assert len(x["rank_ms"]) == len(x["compute_ms"]) == len(x["wait_ms"]) == 2 and x["transfer_ms"] > 0
+        # v4 on 2 ranks: two ring steps, a wait for the shard after the first
+        assert [len(s) for s in x["step_compute_ms"]] == [2, 2] and [len(s) for s in x["step_wait_ms"]] == [1, 1]
+        assert x["ms"] >= max(x["rank_ms"]) - 1e-3      # each call's step time is its slower rank's
+    assert "checks 3/3" in out and "smoke_causal_512" in out.split("checks 3/3")[1]
+    table = results.ring_table(results.compact(d, f.name))
+    assert table.count("\n") == 3 and f"| {SOLUTION} | 3/3 | smoke_causal_256 |" in table
