@@ -10,6 +10,8 @@ K/V gathered instead of passed point to point. The GPU tier (two GPUs, NCCL) is 
 """
 from __future__ import annotations
 
+import torch
+
 from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
 
 STEP = "12_ring_attention"
@@ -82,3 +84,30 @@ def test_visible_cells_name_each_planted_mistake():
         cell, old, new, _, says = PLANTED[bug]
         got = _visible_run({**solution, cell: solution[cell].replace(old, new)})
         assert says in got, (bug, got)
+
+
+def _crashing_rank(q, k, v, causal=False, scale=None, group=None):
+    import os
+    import signal
+
+    import torch.distributed as dist
+    if dist.get_rank(group) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)      # a crash: no exception, no result, the process gone
+    dist.barrier(group)                           # the other rank waits for it, as a ring would
+    return q.clone(), q.new_zeros(q.shape[:3], dtype=torch.float32)
+
+
+def test_a_crashed_rank_fails_the_call_at_once_and_names_the_rank():
+    """A rank whose process dies (a segfault in its kernel, a kill) is named as soon as it is gone,
+    the others stopped: the call fails in seconds, not at the time limit."""
+    import time
+
+    import pytest
+
+    from facourse.configs import make_inputs
+    from facourse.ring import RingError, get_ring_case, run_ring
+    q, k, v = make_inputs(get_ring_case("w2_causal").cfg, 0, "cpu")
+    t0 = time.perf_counter()
+    with pytest.raises(RingError, match="rank 1 died without a result"):
+        run_ring(_crashing_rank, 2, q, k, v, causal=True, timeout=60)
+    assert time.perf_counter() - t0 < 20

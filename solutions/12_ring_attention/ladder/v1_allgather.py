@@ -1,6 +1,8 @@
 """v1: all-gather K and V, then attend locally: no ring at all (Llama 3's context parallelism).
 
-v1 verdict: (to be measured on 2 x H200)
+v1 verdict: all-gather K and V, then one causal call per local query chunk against the keys before
+it: 1.77x one GPU at 64k, 1.84x at 128k (2 x H200, causal, fp16), each rank waiting 2.5-5 ms for the
+gather it cannot overlap.
 
 Every rank gathers every rank's K and V shard (one all_gather of K and V stacked, each shard padded
 to the longest: all_gather moves equal sizes), puts the rows back in global order, and attends its
