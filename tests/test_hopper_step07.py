@@ -5,14 +5,17 @@ spills; the SASS of the solution has HGMMA and UTMALDG, step 06's kernel and the
 (the hidden structural check, facourse.cuda_build.check_sass, is the one function tested here); the
 stub is the one make_stub.py writes; the release ships the stub, the given headers and the binding,
 never the ladder or the solution; grading on a CPU gives the solution the structural check's points
-and the stub nothing, with the GPU cells at 0 and saying why (``GRADING``, graded by
+and the stub nothing, with the GPU cells at 0 and saying why, the compile check listing the stub's
+functions as not implemented and the CPU check passing the solution's (``GRADING``, graded by
 tests/test_exercise_grading.py in one autograde run with the other steps').
+tests/test_hopper_step07_cpu.py: the CPU check (facourse.cuda_host_check) and the planted bugs.
 GPU tier (marked gpu, H100/H200 only): every rung and the solution on the five configurations and
 the edge cases, fp16 and bf16.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -158,10 +161,21 @@ def check_grading(results, workspace):
     if not torch.cuda.is_available():
         # the judge scores every GPU cell 0 and says why
         assert all("No GPU here" in sol.messages[c] for c in GPU_CELLS), sol.messages
-    nb = json.loads(next((workspace / "autograded" / "solved" / ASSIGNMENT).glob("*.ipynb")).read_text())
-    out = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(
-        "".join(o.get("text", "")) for o in c.get("outputs", []) if o.get("output_type") == "stream")
-        for c in nb["cells"]}
+    def outputs(student):
+        nb = json.loads(next((workspace / "autograded" / student / ASSIGNMENT).glob("*.ipynb")).read_text())
+        return nb, {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(
+            "".join(o.get("text", "")) for o in c.get("outputs", []) if o.get("output_type") == "stream")
+            for c in nb["cells"]}
+
+    nb, out = outputs("solved")
+    _, stub_out = outputs("stub")
+    # the compile check lists the stub's functions as not implemented; the CPU check passes the solution's
+    # four functions and reports the stub's as not implemented (where g++ is here)
+    assert "Not implemented yet (4 of 4): producer, gemm_qk, gemm_pv, consumer_mainloop" in stub_out["compile_check"]
+    assert "Not implemented yet" not in out["compile_check"]
+    if shutil.which("g++"):
+        assert out["cpu_checks"].count(" ok: ") == 4 and "What only an H100/H200 checks" in out["cpu_checks"]
+        assert stub_out["cpu_checks"].count("not implemented yet") == 4, stub_out["cpu_checks"]
     if HAVE_NVCC:
         assert "nvcc OK for sm_90a" in out["compile_check"], out["compile_check"]
     if HAVE_SASS:

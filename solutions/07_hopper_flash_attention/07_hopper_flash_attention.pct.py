@@ -46,8 +46,10 @@
 # (FLASH_ATTENTION where cuDNN is absent): half the points at a `min` fraction of its speed, all at
 # a `target` (2 + 2; the instructor's thresholds file sets both, the graded result states them).
 # **Without a Hopper GPU** the cell "Compile check" still compiles your file for sm_90a, reports
-# errors, registers and spills, and counts the instructions that the structural check looks for;
-# the GPU cells say why they are skipped and score 0 there.
+# errors, registers and spills, lists the functions that are still the stub, and counts the
+# instructions that the structural check looks for; the cell "CPU check" runs your four functions on
+# an emulated Hopper CTA and names what is wrong; the GPU cells say why they are skipped and score 0
+# there.
 #
 # Read `course/07_hopper_flash_attention.ipynb` first: it explains TMA and mbarrier phases, the WGMMA
 # operand layouts and descriptors, and why the ring, ping-pong and the in-warpgroup overlap pay.
@@ -64,6 +66,7 @@ import torch
 from facourse import HardwareUnavailable, check_entry_point, require_sm90a, validate_inputs
 from facourse.cuda_build import (SassCheckError, ToolUnavailable, check_sass, load_cuda_extension,
                                  nvcc_compile_check)
+from facourse.cuda_host_check import check_device_functions, prebuild_host_check, report_unwritten
 
 KERNEL_DIR = Path.cwd()                       # this notebook's folder
 STUDENT_SOURCE = KERNEL_DIR / "student_kernel.cu"
@@ -81,9 +84,10 @@ def on_hopper(what: str) -> bool:
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Your task
 #
-# Open `student_kernel.cu` and write the four function bodies marked `YOUR CODE HERE`; the comment
-# above each gives its exact specification. A good order, with the compile check after each step
-# (its SASS counts show `UTMALDG` once the producer is written, `HGMMA` once a GEMM is):
+# Open `student_kernel.cu` and write the four function bodies marked `YOUR CODE HERE` (delete the
+# line `FA_TODO("...")` of each as you do); the comment above each gives its exact specification. A
+# good order, with the compile check and the CPU check after each step (the SASS counts show
+# `UTMALDG` once the producer is written, `HGMMA` once a GEMM is; the CPU check names what is wrong):
 #
 # 1. `producer`: per tile, `mbar_expect_tx` on `q_full` with the bytes of $Q_i$, then one
 #    `tma_load_4d` per 64-column panel; per key block the same on `k_full[slot(it)]` and
@@ -154,10 +158,13 @@ def flash_attention_hopper(q, k, v, causal=False, scale=None):
 # per thread at 384 threads; any spill (bytes of local memory per thread) costs speed, and the
 # solution has none. Then `cuobjdump` reads the machine code: `HGMMA` are your WGMMAs, `UTMALDG` your
 # TMA loads, `SYNCS` the mbarrier operations; `HMMA`, `LDSM` and `LDGSTS` would be step 06's
-# `mma.sync`, `ldmatrix` and `cp.async`.
+# `mma.sync`, `ldmatrix` and `cp.async`. A function whose body is still the stub (it carries the line
+# `FA_TODO("...")`) is listed as not implemented: delete that line when you write the function.
 
 # %% nbgrader={"grade": false, "grade_id": "compile_check", "locked": true, "schema_version": 3, "solution": false, "task": false}
+prebuild_host_check(STUDENT_SOURCE)   # g++ builds the CPU check below while nvcc runs
 compile_report = nvcc_compile_check(STUDENT_SOURCE, "sm_90a", include_dirs=[KERNEL_DIR])
+unwritten = report_unwritten(STUDENT_SOURCE)
 if compile_report.ok:
     try:
         check_sass(STUDENT_SOURCE, include_dirs=[KERNEL_DIR])
@@ -166,6 +173,31 @@ if compile_report.ok:
         print(f"The structural check would fail:\n{e}")
     except ToolUnavailable as e:
         print(f"No SASS report here: {e}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "cpu_md", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## CPU check (runs anywhere `g++` is installed, GPU or not)
+#
+# Your file is compiled with `g++` against a host stand-in of `hopper_primitives.cuh`, and one CTA of
+# 384 threads runs the given kernel of `hopper_harness.cuh` on an emulated Hopper SM: an mbarrier is
+# the PTX ISA's phase state (arrivals, transaction bytes, parity), TMA copies a box into shared memory
+# as `SWIZZLE_128B` stores it, WGMMA reads its operands through your descriptors and computes each
+# product at the `wgmma_wait` that ends it. Each side of the K/V ring is checked against a correct one:
+#
+# - `producer` with consumers that check what landed in every slot: tiles, key blocks right to left,
+#   GQA, coordinates, slots, bytes announced, the waits for empty slots and their parities;
+# - `gemm_qk` and `gemm_pv` on one warpgroup: $S = Q_i K_j^\top$ and $O \mathrel{+}= P V_j$ against
+#   NumPy, and your descriptors against the layout;
+# - `consumer_mainloop` with a correct producer on three problems (fp16 and bf16, D = 64 and 128,
+#   causal, rows with no key, five key blocks): $O$ and lse against NumPy, and the ring protocol as it
+#   runs (a GEMM reads only a slot it waited for, a slot is released after its `wgmma_wait`, the
+#   accumulators and $P$ stay untouched while a product is in flight, the GEMM turns match).
+#
+# A wrong result names its likely cause, a deadlock what each thread waits for. It takes several
+# seconds (the build is cached until you edit the file). It cannot show the real instructions, their
+# timing and overlap, registers, many CTAs at once or speed: the output says what only an H100 checks.
+
+# %% nbgrader={"grade": false, "grade_id": "cpu_checks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+cpu_report = check_device_functions(STUDENT_SOURCE)   # raises, naming the cause, when a function is wrong
 
 # %% nbgrader={"grade": true, "grade_id": "test_small", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 if on_hopper("the correctness tests of step 07"):

@@ -19,6 +19,12 @@
 #include "fa_params.h"
 #include "hopper_primitives.cuh"
 
+// The stub's marker: a function of student_kernel.cu whose body still carries FA_TODO("name") is
+// reported as not implemented by the notebook's compile check and CPU check. It compiles to nothing.
+#ifndef FA_TODO
+#define FA_TODO(name)
+#endif
+
 #ifndef HFA_PINGPONG
 #define HFA_PINGPONG 1
 #endif
