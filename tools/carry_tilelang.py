@@ -1,0 +1,229 @@
+"""Pack TileLang (and what it needs beside the GPU machine's own packages) into one archive to carry.
+
+    python tools/carry_tilelang.py [--out carry/tilelang.tar.xz] [--pythons 3.12 3.11] [--no-kernels] [--verify]
+
+The GPU machine (Python 3.12, PyTorch 2.11, CUDA 13.0 with nvcc) can install nothing from a registry
+and takes at most 64 MiB of carried files; TileLang's wheels with their needs are about 82 MB. This
+builds ``carry/tilelang.tar.xz`` (git-ignored), well under 50 MB, which unpacks to:
+
+    site/    tilelang 0.1.15, apache-tvm-ffi 0.1.12, z3-solver's libz3 (one copy: libz3.so.4.15, the
+             name libtvm_compiler.so loads, and libz3.so, the name z3's Python module loads, as a
+             link to it), cloudpickle; apache-tvm-ffi's compiled core for every Python in --pythons
+             (default 3.12, the GPU machine's, and this interpreter's), so the same folder imports here
+             and there. Left out: z3's command-line binary and headers, __pycache__, torch-c-dlpack-ext
+             (PyTorch >= 2.10 exchanges DLPack natively), packages the GPU machine has (numpy, psutil,
+             tqdm, typing-extensions, ml-dtypes).
+    cache/   TileLang's kernel cache with every kernel gpu_try.py runs (tilelang_fa.planned_kernels),
+             built here for sm_90a by TileLang with this machine's nvcc. The cache key is the program,
+             target, pass configs and TileLang's own libraries, not the machine, so the GPU machine
+             loads them instead of compiling (where a key misses, TileLang compiles there as usual).
+
+The wheels come from PyPI with pip (``pip download --only-binary=:all: --python-version ...``, into
+~/.cache/facourse-carry/wheels): the same files pip would install on each Python. It prints the
+line that unpacks the archive on the GPU machine; with --verify it unpacks the archive into a
+temporary folder and, with only that folder (and src/) on PYTHONPATH, imports tilelang, lowers the
+kernel for sm_90a and builds one kernel with nvcc, then loads a carried kernel from the cache.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LADDER = ROOT / "solutions" / "11_interchangeable_kernels" / "ladder"
+PINS = ["tilelang==0.1.15", "apache-tvm-ffi==0.1.12", "z3-solver==4.15.4.0", "cloudpickle==3.1.2"]
+VERSION_SPECIFIC = "apache_tvm_ffi"          # the only wheel here with a per-Python compiled module
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+WHEELS = Path(os.environ.get("FACOURSE_WHEELS", Path.home() / ".cache" / "facourse-carry" / "wheels"))
+PRUNE_DIRS = {"__pycache__"}
+PRUNE_PATHS = ["bin", "z3/include"]   # (tvm_ffi.core links libtvm_ffi_testing.so: kept)
+LIMIT_MB = 50
+
+
+def device_prefix(archive: str = "carry/tilelang.tar.xz") -> str:
+    """The shell line that unpacks the archive on the GPU machine, ahead of the command proper."""
+    return (f"mkdir -p /tmp/tl && tar xJf {archive} -C /tmp/tl && "
+            "export PYTHONPATH=/tmp/tl/site:src:. TILELANG_CACHE_DIR=/tmp/tl/cache &&")
+
+
+def download(py: str, pins: list[str]) -> list[Path]:
+    """The wheels of ``pins`` for CPython ``py`` (e.g. "3.12") on x86-64 Linux, from PyPI, cached."""
+    dest = WHEELS / f"cp{py.replace('.', '')}"
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+           "--only-binary=:all:", "--python-version", py, "--implementation", "cp", "-d", str(dest)]
+    for p in PLATFORMS:
+        cmd += ["--platform", p]
+    subprocess.run(cmd + pins, check=True)
+    want = {p.split("==")[0].replace("-", "_").lower(): p.split("==")[1] for p in pins}
+    wheels = [w for w in sorted(dest.glob("*.whl"))
+              if want.get(w.name.split("-")[0].lower()) == w.name.split("-")[1]]
+    missing = set(want) - {w.name.split("-")[0].lower() for w in wheels}
+    if missing:
+        raise SystemExit(f"no wheel for {sorted(missing)} on Python {py}")
+    return wheels
+
+
+def unpack_wheel(whl: Path, site: Path, only_version_specific: bool = False) -> None:
+    """A wheel's files into ``site`` as pip lays them out (.data/purelib|platlib at the top; scripts,
+    headers and data left out)."""
+    with zipfile.ZipFile(whl) as z:
+        for info in z.infolist():
+            name = info.filename
+            parts = name.split("/")
+            if parts[0].endswith(".data"):
+                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                    continue
+                name = "/".join(parts[2:])
+            if only_version_specific and "cpython-3" not in name:
+                continue
+            if name.endswith("/"):
+                continue
+            target = site / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode:
+                target.chmod(mode)
+
+
+def prune(site: Path) -> None:
+    for d in [p for p in site.rglob("*") if p.is_dir() and p.name in PRUNE_DIRS]:
+        shutil.rmtree(d, ignore_errors=True)
+    for rel in PRUNE_PATHS:
+        p = site / rel
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    lib = site / "z3" / "lib"                    # one libz3: the soname file, and z3.py's name linked to it
+    sonames = sorted(lib.glob("libz3.so.*"))
+    if sonames and (lib / "libz3.so").exists():
+        (lib / "libz3.so").unlink()
+        (lib / "libz3.so").symlink_to(sonames[0].name)
+
+
+def build_kernels(site: Path, cache: Path) -> None:
+    """Every kernel gpu_try.py uses, compiled for sm_90a into ``cache`` (needs nvcc), in a subprocess
+    that sees only ``site`` (and src/) for tilelang."""
+    code = f"""
+import concurrent.futures as cf, sys, time
+sys.path[:0] = [{str(LADDER)!r}]
+import tilelang_fa as fa
+ks = fa.planned_kernels(sweep=True)
+t0 = time.time()
+with cf.ThreadPoolExecutor(2) as ex:
+    list(ex.map(lambda k: fa.compile_kernel(*k), ks))
+print(f"built {{len(ks)}} kernels for sm_90a in {{time.time() - t0:.0f}} s")
+"""
+    env = clean_env(site, cache)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def clean_env(site: Path, cache: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TILELANG", "TVM"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "src")]), TILELANG_CACHE_DIR=str(cache),
+               OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def pack(stage: Path, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    xz = shutil.which("xz")
+    if xz and shutil.which("tar"):
+        with open(tmp, "wb") as f:
+            tar = subprocess.Popen(["tar", "-C", str(stage), "-cf", "-", "--owner=0", "--group=0", "--sort=name",
+                                    "site", *(["cache"] if (stage / "cache").exists() else [])], stdout=subprocess.PIPE)
+            subprocess.run([xz, "-9e", "-T2", "-c"], stdin=tar.stdout, stdout=f, check=True)
+            if tar.wait() != 0:
+                raise SystemExit("tar failed")
+    else:
+        import tarfile
+        with tarfile.open(tmp, "w:xz", preset=9) as t:
+            for name in ("site", "cache"):
+                if (stage / name).exists():
+                    t.add(stage / name, arcname=name)
+    tmp.replace(out)
+
+
+def verify(out: Path) -> None:
+    """Unpack into a temporary folder and use only it: import, lower for sm_90a, build, load from cache."""
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        subprocess.run(["tar", "xJf", str(out), "-C", str(d)], check=True)
+        fresh = d / "fresh_cache"
+        code = f"""
+import os, sys, time
+sys.path[:0] = [{str(LADDER)!r}]
+t0 = time.time(); import tilelang; t1 = time.time()
+assert tilelang.__file__.startswith({str(d)!r}), tilelang.__file__
+import tilelang_fa as fa
+src = fa.hopper_source("float16", 128, True)
+assert "tl::wgmma_ss<" in src and "tl::tma_load(" in src, "not Hopper code"
+t2 = time.time()
+k = fa.compile_kernel("float16", 128, True, fa.TILES[128]); t3 = time.time()
+os.environ["TILELANG_CACHE_DIR"] = {str(fresh)!r}
+fa.compile_kernel.cache_clear()
+k = fa.compile_kernel("bfloat16", 64, False, fa.TILES[64]); t4 = time.time()
+print(f"verified: import tilelang {{t1 - t0:.1f}} s (from {{os.path.dirname(tilelang.__file__)}}), "
+      f"sm_90a lowering {{t2 - t1:.1f}} s, a carried kernel loaded in {{t3 - t2:.2f}} s, "
+      f"a fresh build with nvcc {{t4 - t3:.1f}} s")
+"""
+        subprocess.run([sys.executable, "-c", code], env=clean_env(d / "site", d / "cache"), check=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "carry" / "tilelang.tar.xz")
+    ap.add_argument("--pythons", nargs="+", default=None,
+                    help="CPython versions whose apache-tvm-ffi core goes in (default: 3.12 and this one)")
+    ap.add_argument("--no-kernels", action="store_true", help="leave TileLang's kernel cache out")
+    ap.add_argument("--verify", action="store_true", help="check the archive here afterwards")
+    args = ap.parse_args(argv)
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    pythons = args.pythons or list(dict.fromkeys(["3.12", here]))
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = Path(tmp)
+        site = stage / "site"
+        for i, py in enumerate(pythons):
+            pins = PINS if i == 0 else [p for p in PINS if p.replace("-", "_").startswith(VERSION_SPECIFIC)]
+            for whl in download(py, pins):
+                unpack_wheel(whl, site, only_version_specific=i > 0)
+        prune(site)
+        if not args.no_kernels:
+            if shutil.which("nvcc") is None:
+                print("note: no nvcc here: the archive carries no kernels (the GPU machine compiles them)")
+            elif here not in pythons:
+                print(f"note: this Python ({here}) is not in --pythons: the archive carries no kernels")
+            else:
+                build_kernels(site, stage / "cache")
+                prune(site)                      # nothing the build left (it writes no bytecode)
+        raw = sum(f.stat().st_size for f in stage.rglob("*") if f.is_file() and not f.is_symlink())
+        pack(stage, args.out)
+    mb = args.out.stat().st_size / 2**20
+    print(f"wrote {args.out} ({mb:.1f} MiB, {raw / 2**20:.0f} MiB unpacked; Pythons {', '.join(pythons)}) "
+          f"in {time.time() - t0:.0f} s")
+    if mb > LIMIT_MB:
+        print(f"warning: over {LIMIT_MB} MiB: with the working tree it may pass the GPU machine's 64 MiB")
+    if args.verify:
+        verify(args.out)
+    rel = os.path.relpath(args.out, ROOT)
+    print(f"on the GPU machine (carry = [\"{rel}\"]), start the command with:\n  {device_prefix(rel)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
