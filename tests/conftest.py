@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,79 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ----------------------------------------------------------------------------- CUDA exercises' visible cells
+_CUDA_VISIBLE_RUNNER = textwrap.dedent("""
+    import contextlib, io, json, os, sys, time, traceback
+    nb_path, plan_path, out_path = sys.argv[1:4]
+    nb = json.load(open(nb_path))
+    plan = json.load(open(plan_path))          # [[folder, [grade_ids to skip]], ...]
+    results = {}
+    for folder, skip in plan:
+        os.chdir(folder)
+        ns, cells = {"__name__": "__main__"}, {}
+        for cell in nb["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            meta = cell["metadata"].get("nbgrader", {})
+            gid = meta.get("grade_id")
+            if gid in skip or (meta.get("grade") and gid not in %(visible)r):
+                continue                               # hidden tests: the judge's, not visible
+            src = "".join(cell["source"]).split("### BEGIN HIDDEN TESTS")[0]
+            buf, t0, err = io.StringIO(), time.perf_counter(), None
+            try:
+                with contextlib.redirect_stdout(buf):
+                    exec(compile(src, f"cell_{gid}", "exec"), ns)
+            except Exception as e:                     # Run All would stop here; the test looks further
+                err = type(e).__name__ + ": " + str(e)
+            cells[gid] = {"out": buf.getvalue(), "error": err, "s": round(time.perf_counter() - t0, 2)}
+        results[folder] = cells
+    json.dump(results, open(out_path, "w"))
+""" % {"visible": ("test_small",)})
+
+
+def run_cuda_visible(tmp_path: Path, step: Path, notebook: str, given: tuple, kernels: dict[str, str],
+                     skip=(), processes: int = 1) -> dict[str, dict]:
+    """Exercises 06 and 07 on a machine without a GPU: {case: student_kernel.cu text} -> {case: {grade_id:
+    {"out", "error", "s"}}}, each case in a copy of the exercise's folder (its ``given`` files), its visible
+    cells run as a student's Run All (without stopping), the cases spread over ``processes`` subprocesses
+    (they share one build cache, as one student's machine)."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from facourse import cuda_host_check as hc
+    cases = list(kernels)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+               CUDA_VISIBLE_DEVICES="",                          # a student's machine without a GPU
+               FACOURSE_HOST_CHECK_CACHE=str(tmp_path / "host_builds"))   # first builds, timed as such
+    env.pop("FACOURSE_JUDGE", None)
+    (tmp_path / "runner.py").write_text(_CUDA_VISIBLE_RUNNER)
+    for case, text in kernels.items():
+        d = tmp_path / case
+        d.mkdir()
+        for f in given:
+            shutil.copy(step / f, d / f)
+        (d / "student_kernel.cu").write_text(text)
+
+    if processes > 1 and shutil.which("g++"):   # the standard headers precompiled once, not by each process
+        old = os.environ.get("FACOURSE_HOST_CHECK_CACHE")
+        os.environ["FACOURSE_HOST_CHECK_CACHE"] = env["FACOURSE_HOST_CHECK_CACHE"]
+        try:
+            hc._std_header(hc._build_files(tmp_path / cases[0] / "student_kernel.cu"), shutil.which("g++"))
+        finally:
+            os.environ.pop("FACOURSE_HOST_CHECK_CACHE") if old is None else os.environ.update(
+                FACOURSE_HOST_CHECK_CACHE=old)
+
+    def run(k: int) -> dict:
+        mine = cases[k::processes]
+        plan, out = tmp_path / f"plan{k}.json", tmp_path / f"out{k}.json"
+        plan.write_text(json.dumps([[str(tmp_path / c), list(skip)] for c in mine]))
+        r = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(step / notebook), str(plan), str(out)],
+                           env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    with ThreadPoolExecutor(processes) as pool:
+        res = {k: v for part in pool.map(run, range(processes)) for k, v in part.items()}
+    return {case: res[str(tmp_path / case)] for case in kernels}

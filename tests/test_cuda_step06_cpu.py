@@ -14,16 +14,14 @@ Needs g++ (and nvcc for the compile check); each test that needs one says so whe
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import run_cuda_visible
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = ROOT / "solutions" / "06_cuda_flash_attention"
@@ -179,58 +177,9 @@ def test_a_file_g_plus_plus_cannot_build_is_not_checked_and_not_failed(tmp_path,
 
 
 # ----------------------------------------------------------------------------- the visible cells
-RUNNER = textwrap.dedent("""
-    import contextlib, io, json, os, sys, time, traceback
-    nb_path, plan_path, out_path = sys.argv[1:4]
-    nb = json.load(open(nb_path))
-    plan = json.load(open(plan_path))          # [[folder, [grade_ids to skip]], ...]
-    results = {}
-    for folder, skip in plan:
-        os.chdir(folder)
-        ns, cells = {"__name__": "__main__"}, {}
-        for cell in nb["cells"]:
-            if cell["cell_type"] != "code":
-                continue
-            meta = cell["metadata"].get("nbgrader", {})
-            gid = meta.get("grade_id")
-            if gid in skip or (meta.get("grade") and gid not in %(visible)r):
-                continue                               # hidden tests: the judge's, not visible
-            src = "".join(cell["source"]).split("### BEGIN HIDDEN TESTS")[0]
-            buf, t0, err = io.StringIO(), time.perf_counter(), None
-            try:
-                with contextlib.redirect_stdout(buf):
-                    exec(compile(src, f"cell_{gid}", "exec"), ns)
-            except Exception as e:                     # Run All would stop here; the test looks further
-                err = type(e).__name__ + ": " + str(e)
-            cells[gid] = {"out": buf.getvalue(), "error": err, "s": round(time.perf_counter() - t0, 2)}
-        results[folder] = cells
-    json.dump(results, open(out_path, "w"))
-""" % {"visible": ("test_small",)})
-
-
 def run_visible(tmp_path, kernels: dict[str, str], skip=()) -> dict[str, dict]:
-    """{case: student_kernel.cu text} -> {case: {grade_id: {"out", "error", "s"}}}, every case in one
-    subprocess, each in a copy of the exercise's folder, as a student's Run All (without stopping)."""
-    plan = []
-    for case, text in kernels.items():
-        d = tmp_path / case
-        d.mkdir()
-        for f in ("fa_harness.cuh", "fa_primitives.cuh", "fa_params.h", "fa_binding.cpp"):
-            shutil.copy(STEP / f, d / f)
-        (d / "student_kernel.cu").write_text(text)
-        plan.append([str(d), list(skip)])
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    (tmp_path / "runner.py").write_text(RUNNER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-               CUDA_VISIBLE_DEVICES="",                          # a student's machine without a GPU
-               FACOURSE_HOST_CHECK_CACHE=str(tmp_path / "host_builds"))   # a first build, timed as such
-    env.pop("FACOURSE_JUDGE", None)
-    r = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(STEP / "06_cuda_flash_attention.ipynb"),
-                        str(tmp_path / "plan.json"), str(tmp_path / "out.json")], env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    res = json.loads((tmp_path / "out.json").read_text())
-    return {case: res[str(tmp_path / case)] for case in kernels}
+    return run_cuda_visible(tmp_path, STEP, "06_cuda_flash_attention.ipynb",
+                            ("fa_harness.cuh", "fa_primitives.cuh", "fa_params.h", "fa_binding.cpp"), kernels, skip)
 
 
 @pytest.mark.slow
