@@ -1,9 +1,10 @@
 """Visible feedback that finds the classic bugs before grading (issue 20), exercises 02-05.
 
-Each test plants one classic bug in a copy of the exercise's solution and runs the notebook's
+For each exercise, one test plants each classic bug in a copy of the solution and runs the notebook's
 visible cells as a student's Run All does (set-up and solution cells, then the visible part of
 `test_small` and the `visible_checks` cell, with no judge): the first failure must name the bug's
-cause. The untouched solution passes them, within the time the exercise promises.
+cause. The untouched solution passes them, within the time the exercise promises. The variants of an
+exercise run one after another in one process (a fresh namespace each), and every missed bug is listed.
 """
 from __future__ import annotations
 
@@ -13,40 +14,43 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from conftest import ROOT, solution_code
 
 VISIBLE = ("test_small", "visible_checks")
+# One process per exercise runs every variant (the solution first, then each planted bug) in a fresh
+# namespace: one interpreter start and one torch/Triton import instead of one per bug.
 RUNNER = textwrap.dedent("""
     import json, os, sys, time
-    nb_path, code_path = sys.argv[1], sys.argv[2]
+    nb_path, variants_path = sys.argv[1], sys.argv[2]
     nb = json.load(open(nb_path))
-    code = json.load(open(code_path))
-    ns = {"__name__": "__main__"}
-    visible_s = 0.0
-    for cell in nb["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        meta = cell["metadata"].get("nbgrader", {})
-        gid = meta.get("grade_id")
-        src = "".join(cell["source"])
-        if meta.get("solution"):
-            src = code[gid]
-        elif meta.get("grade") and gid not in %(visible)r:
-            continue                                   # hidden tests: the judge's, not visible
-        src = src.split("### BEGIN HIDDEN TESTS")[0]
-        path = os.path.join(os.path.dirname(code_path), f"cell_{len(os.listdir(os.path.dirname(code_path)))}.py")
-        open(path, "w").write(src)                     # Triton reads a kernel's source from its file
-        t0 = time.perf_counter()
-        try:
-            exec(compile(src, path, "exec"), ns)
-        except Exception as err:
-            print("FAILED", gid, type(err).__name__ + ":", str(err).replace("\\n", " | "))
-            sys.exit(0)
-        if gid in %(visible)r:
-            visible_s += time.perf_counter() - t0
-    print("PASSED", round(visible_s, 1))
+    for name, code in json.load(open(variants_path)):
+        print("START", name, flush=True)
+        cells = os.path.join(os.path.dirname(variants_path), name)
+        os.makedirs(cells)
+        ns = {"__name__": "__main__"}
+        visible_s, line = 0.0, None
+        for cell in nb["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            meta = cell["metadata"].get("nbgrader", {})
+            gid = meta.get("grade_id")
+            src = "".join(cell["source"])
+            if meta.get("solution"):
+                src = code[gid]
+            elif meta.get("grade") and gid not in %(visible)r:
+                continue                                   # hidden tests: the judge's, not visible
+            src = src.split("### BEGIN HIDDEN TESTS")[0]
+            path = os.path.join(cells, f"cell_{len(os.listdir(cells))}.py")
+            open(path, "w").write(src)                     # Triton reads a kernel's source from its file
+            t0 = time.perf_counter()
+            try:
+                exec(compile(src, path, "exec"), ns)
+            except Exception as err:
+                line = "FAILED " + str(gid) + " " + type(err).__name__ + ": " + str(err).replace("\\n", " | ")
+                break
+            if gid in %(visible)r:
+                visible_s += time.perf_counter() - t0
+        print("RESULT", name, line or f"PASSED {round(visible_s, 1)}", flush=True)
 """ % {"visible": VISIBLE})
 
 
@@ -57,29 +61,46 @@ def mutate(code: str, *subs) -> str:
     return code
 
 
-def run_visible(tmp_path, assignment: str, bugs: dict[str, list] | None = None) -> str:
-    """The last line of the visible run: 'PASSED <seconds>' or 'FAILED <cell> <Error>: <message>'."""
-    code = solution_code(assignment)
-    for gid, subs in (bugs or {}).items():
-        code[gid] = mutate(code[gid], *subs)
+def run_visible(tmp_path, assignment: str, bugs: dict[str, dict[str, list]]) -> dict[str, str]:
+    """Each variant's visible run, ``{name: 'PASSED <seconds>' or 'FAILED <cell> <Error>: <message>'}``:
+    "solution" (untouched) and one per entry of ``bugs`` (``{name: {cell: substitutions}}``)."""
+    base = solution_code(assignment)
+    variants = [("solution", base)]
+    for name, cells in bugs.items():
+        code = dict(base)
+        for gid, subs in cells.items():
+            code[gid] = mutate(code[gid], *subs)
+        variants.append((name, code))
     (path,) = (ROOT / "solutions" / assignment).glob("*.ipynb")
-    cp = tmp_path / "code.json"
-    cp.write_text(json.dumps(code))
+    vp = tmp_path / "variants.json"
+    vp.write_text(json.dumps(variants))
     runner = tmp_path / "run_visible.py"
     runner.write_text(RUNNER)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     env.pop("FACOURSE_JUDGE", None)
     env.pop("TRITON_INTERPRET", None)            # the notebook's set-up decides, as in JupyterLab
-    r = subprocess.run([sys.executable, str(runner), str(path), str(cp)], cwd=ROOT / "solutions" / assignment,
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return r.stdout.strip().splitlines()[-1]
+    r = subprocess.run([sys.executable, str(runner), str(path), str(vp)], cwd=ROOT / "solutions" / assignment,
+                       env=env, capture_output=True, text=True, timeout=900)
+    got = dict(ln.split(" ", 2)[1:] for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
+    started = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("START ")]
+    assert r.returncode == 0 and len(got) == len(variants), (
+        f"the visible run stopped in variant {started[-1] if started else '?'}:\n" + r.stdout[-2000:] + r.stderr[-3000:])
+    return got
 
 
-def assert_names(out: str, *words):
-    assert out.startswith("FAILED"), out
-    for w in words:
-        assert w in out, f"{w!r} not in the first visible failure: {out}"
+def assert_visible_feedback(tmp_path, assignment: str, bugs: dict, limit_s: float) -> None:
+    """The solution passes the visible cells within ``limit_s``; each planted bug's first visible
+    failure names its cause (``bugs``: ``{name: (cell substitutions, words)}``). All bugs are reported."""
+    got = run_visible(tmp_path, assignment, {name: cells for name, (cells, _) in bugs.items()})
+    sol = got["solution"]
+    assert sol.startswith("PASSED") and float(sol.split()[1]) < limit_s, sol
+    missed = []
+    for name, (_, words) in bugs.items():
+        out = got[name]
+        absent = [w for w in words if w not in out]
+        if not out.startswith("FAILED") or absent:
+            missed.append(f"{name}: {absent or 'passed'} not in the first visible failure: {out}")
+    assert not missed, "\n".join(missed)
 
 
 # ----------------------------------------------------------------------------- exercise 02
@@ -92,15 +113,8 @@ BUGS_02 = {
 }
 
 
-def test_02_solution_passes_the_visible_cells(tmp_path):
-    out = run_visible(tmp_path, A2)
-    assert out.startswith("PASSED") and float(out.split()[1]) < 30, out
-
-
-@pytest.mark.parametrize("bug", sorted(BUGS_02))
-def test_02_visible_cells_name_the_bug(tmp_path, bug):
-    subs, words = BUGS_02[bug]
-    assert_names(run_visible(tmp_path, A2, {"safe_softmax": subs}), *words)
+def test_02_visible_cells(tmp_path):
+    assert_visible_feedback(tmp_path, A2, {name: ({"safe_softmax": subs}, words) for name, (subs, words) in BUGS_02.items()}, limit_s=30)
 
 
 # ----------------------------------------------------------------------------- exercise 03
@@ -124,15 +138,8 @@ BUGS_03 = {
 }
 
 
-def test_03_solution_passes_the_visible_cells(tmp_path):
-    out = run_visible(tmp_path, A3)
-    assert out.startswith("PASSED") and float(out.split()[1]) < 30, out
-
-
-@pytest.mark.parametrize("bug", sorted(BUGS_03))
-def test_03_visible_cells_name_the_bug(tmp_path, bug):
-    gid, subs, words = BUGS_03[bug]
-    assert_names(run_visible(tmp_path, A3, {gid: subs}), *words)
+def test_03_visible_cells(tmp_path):
+    assert_visible_feedback(tmp_path, A3, {name: ({gid: subs}, words) for name, (gid, subs, words) in BUGS_03.items()}, limit_s=30)
 
 
 # ----------------------------------------------------------------------------- exercise 04
@@ -153,15 +160,8 @@ BUGS_04 = {
 }
 
 
-def test_04_solution_passes_the_visible_cells(tmp_path):
-    out = run_visible(tmp_path, A4)
-    assert out.startswith("PASSED") and float(out.split()[1]) < 30, out
-
-
-@pytest.mark.parametrize("bug", sorted(BUGS_04))
-def test_04_visible_cells_name_the_bug(tmp_path, bug):
-    subs, words = BUGS_04[bug]
-    assert_names(run_visible(tmp_path, A4, {"tiled_attention": subs}), *words)
+def test_04_visible_cells(tmp_path):
+    assert_visible_feedback(tmp_path, A4, {name: ({"tiled_attention": subs}, words) for name, (subs, words) in BUGS_04.items()}, limit_s=30)
 
 
 # ----------------------------------------------------------------------------- exercise 05
@@ -179,12 +179,5 @@ BUGS_05 = {
 }
 
 
-def test_05_solution_passes_the_visible_cells(tmp_path):
-    out = run_visible(tmp_path, A5)
-    assert out.startswith("PASSED") and float(out.split()[1]) < 45, out    # about 20 s on 2 cores
-
-
-@pytest.mark.parametrize("bug", sorted(BUGS_05))
-def test_05_visible_cells_name_the_bug(tmp_path, bug):
-    gid, subs, words = BUGS_05[bug]
-    assert_names(run_visible(tmp_path, A5, {gid: subs}), *words)
+def test_05_visible_cells(tmp_path):
+    assert_visible_feedback(tmp_path, A5, {name: ({gid: subs}, words) for name, (gid, subs, words) in BUGS_05.items()}, limit_s=45)    # about 20 s on 2 cores
