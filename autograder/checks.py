@@ -20,6 +20,8 @@ from facourse import (AttnConfig, check_all, check_attention, check_entry_point,
 from facourse.backward import check_forward_backward, gradcheck_forward_backward
 from facourse.check import is_collecting
 from facourse.decode import check_paged_bad_inputs, check_paged_decode
+from facourse.interchange import (check_definition, check_definition_reference, check_routing,
+                                  check_traces)
 from facourse.ring import check_merge_partials, check_ring
 from facourse.variants import check_block_mask, check_perf_variant, check_tile_lists, check_variant
 
@@ -148,7 +150,26 @@ def ring_merge(fn, *, seed, device):
     check_merge_partials(fn, seed=seed)
 
 
+# Step 11: ``fn`` is the student's function as plans' ``interchange`` wraps it in the kernel
+# (judge_client._wrap): the definition as JSON text, its reference's run, the traces as JSON texts, the
+# deployed attention (deployed on facourse.interchange.routing_trace_set of this check's seed).
+def definition(fn, *, seed, device):
+    check_definition(fn())
+
+
+def definition_reference(fn, *, seed, device):
+    check_definition_reference(fn, seed=seed)
+
+
+def traces(fn, *, seed, device):
+    check_traces(fn, seed=seed)
+
+
+def routing(fn, *, seed, device, workloads):
+    check_routing(fn, seed=seed, workloads=tuple(workloads))
+
+
 CHECKS = {f.__name__: f for f in (entry_point, no_caching, all_configs, softmax, merge, padded_strides,
                                   tile_skipping, perf_correctness, gradients, gradcheck, perf_gradients,
                                   paged, paged_bad_inputs, variant, block_mask, tile_lists, perf_variant,
-                                  ring, ring_merge)}
+                                  ring, ring_merge, definition, definition_reference, traces, routing)}

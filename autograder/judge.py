@@ -225,7 +225,8 @@ class Judge:
             return {"error": skip}
         st.calls = [{"check": c.name, "kwargs": c.kwargs, "bind": c.bind, "seed": secrets.randbits(31),
                      "guard": st.test.guard, "count_flops": st.test.count_flops,
-                     "perf": st.test.perf, "train": st.test.train, "ring": st.test.ring} for c in st.test.checks]
+                     "perf": st.test.perf, "train": st.test.train, "ring": st.test.ring,
+                     "interchange": st.test.interchange} for c in st.test.checks]
         return {"calls": st.calls, "device": "cuda" if self.device.startswith("cuda") else "cpu"}
 
     def _unavailable(self, test: Test) -> str | None:

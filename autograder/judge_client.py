@@ -107,10 +107,27 @@ def _wrap(fn, spec: dict):
         from facourse.ring import get_ring_case, on_ring
         kw = spec.get("kwargs", {})
         fn = on_ring(fn, get_ring_case(kw["case"]).world, traffic=bool(kw.get("traffic")), **spec["ring"])
+    if spec.get("interchange"):
+        fn = _interchange(fn, spec["interchange"], spec["seed"])
     if spec.get("guard") is not None:
         from .guards import forbid_framework_attention
         fn = forbid_framework_attention(fn, **spec["guard"])
     return fn
+
+
+def _interchange(fn, what: str, seed: int):
+    """Step 11: the student's function reduced to what its check calls (plans.Test.interchange)."""
+    from facourse import interchange as fx
+
+    if what == "definition":
+        return lambda: fx.as_json(fn())
+    if what == "reference":
+        return lambda q, k, v, causal: fx.definition_reference_run(fn())(q, k, v, causal)
+    if what == "traces":
+        return lambda *args: [fx.as_json(t) for t in fn(*args)]
+    if what == "deploy":
+        return fx.deployed(fn, seed=seed)
+    raise ValueError(f"unknown interchange wrapper {what!r}")
 
 
 def _measure(fn, perf: dict, conn, test: str) -> None:
@@ -177,11 +194,11 @@ def _local(test: str, fn) -> None:
         return
     for check in plan.checks:
         spec = {"bind": check.bind, "guard": plan.guard, "train": plan.train, "ring": plan.ring,
-                "kwargs": check.kwargs}
+                "interchange": plan.interchange, "kwargs": check.kwargs, "seed": secrets.randbits(31)}
         f = _wrap(fn, spec)
         if plan.count_flops:
             f = _FlopCounting(f)
-        CHECKS[check.name](f, seed=secrets.randbits(31), device=device, **json.loads(json.dumps(check.kwargs)))
+        CHECKS[check.name](f, seed=spec["seed"], device=device, **json.loads(json.dumps(check.kwargs)))
     print(f"{test}: passed (checked here; no judge)")
 
 

@@ -23,6 +23,11 @@ by name, with their keyword arguments; the judge adds a fresh secret seed to eac
   ``gloo`` group (``facourse.ring.on_ring``, its keyword arguments: the time limit of one call);
   what the check calls and the kernel records is the result gathered in global order, and with
   the check's ``traffic`` the bytes each rank moved point to point and through collectives.
+* ``interchange`` (step 11): what the student's function is reduced to in the kernel before the
+  check sees it (``facourse.interchange``): ``"definition"`` (``make_definition()`` as JSON text),
+  ``"reference"`` (the ``run`` of that definition's reference source), ``"traces"`` (the list
+  ``trace_solutions`` returns, as JSON texts), ``"deploy"`` (the attention that ``deploy(root)``
+  gives on the routing trace set of the check's seed, deployed at its first call).
 
 A test passes when every check passes in the judge; a perf test then earns what
 ``thresholds.toml`` gives its measured ratio. Tests are all-or-nothing otherwise.
@@ -50,6 +55,7 @@ class Test:
     sass: bool = False
     train: bool = False
     ring: dict | None = None
+    interchange: str | None = None
 
 
 def _attn(*configs, **kw) -> tuple:
@@ -283,6 +289,19 @@ def _step12() -> dict[str, Test]:
     }
 
 
+def _step11() -> dict[str, Test]:
+    def t(check, what):
+        return Test((Check(check),), interchange=what)
+
+    return {
+        "test_definition": t("definition", "definition"),
+        "test_definition_reference": t("definition_reference", "reference"),
+        "test_traces": t("traces", "traces"),
+        "test_routing": Test((Check("routing", {"workloads": ["A", "B"]}),), interchange="deploy"),
+        "test_fallback": Test((Check("routing", {"workloads": ["C"]}),), interchange="deploy"),
+    }
+
+
 PLANS = {
     "01_vanilla_attention": _step01,
     "02_safe_softmax": _step02,
@@ -294,6 +313,7 @@ PLANS = {
     "08_backward": _step08,
     "09_decode_paged_kv": _step09,
     "10_attention_variants": _step10,
+    "11_interchangeable_kernels": _step11,
     "12_ring_attention": _step12,
 }
 

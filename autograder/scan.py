@@ -43,8 +43,10 @@ TAMPER_CALLS = {"exec", "eval", "compile", "__import__", "get_ipython", "exit", 
 TAMPER_ATTRS = {("sys", "exit"), ("os", "_exit"), ("os", "kill"), ("os", "fork"), ("os", "system"),
                 ("os", "execv"), ("os", "execve"), ("os", "popen"), ("sys", "modules"), ("sys", "settrace"),
                 ("sys", "setprofile"), ("sys", "meta_path"), ("sys", "path_hooks"), ("sys", "excepthook")}
+# (aten's private ops are matched at a word start: "_flash_attention" inside a name such as step 11's
+# "mini_flash_attention_prefill" is no call of them)
 FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_attention_forward|MultiheadAttention|"
-                                 r"flash_attn|_scaled_dot_product|_flash_attention|_efficient_attention|"
+                                 r"flash_attn|\b_scaled_dot_product|\b_flash_attention|\b_efficient_attention|"
                                  r"cudnn_attention|sdpa_kernel|sdpa_reference|torch_attention|"
                                  r"reference_attention|flex_attention(?!_triton)")   # (step 10's entry point is ours)
 CUDA_TAMPER = re.compile(r"Python\.h|pybind11|\bPy[A-Z_][A-Za-z_]*\s*\(|\bdlopen\b|\bdlsym\b|\bsystem\s*\(|"

@@ -24,6 +24,9 @@ def nbgrader_env(workspace: Path, **extra) -> dict:
     # Hidden tests import grading helpers (autograder.perf, autograder.guards) from the repository.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # Step 11's flashinfer_bench builds solutions and caches apply tables under FIB_CACHE_PATH: one per
+    # submission's workspace, so that no grading run reads what another one built.
+    env["FIB_CACHE_PATH"] = str(workspace / "fib_cache")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

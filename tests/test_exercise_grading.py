@@ -29,6 +29,7 @@ MODULES = (
     "test_exercise_step08",             # 08_backward
     "test_exercise_step09",             # 09_decode_paged_kv
     "test_exercise_step10",             # 10_attention_variants
+    "test_exercise_step11",             # 11_interchangeable_kernels
     "test_exercise_step12",             # 12_ring_attention
 )
 

@@ -229,7 +229,8 @@ def _runs():
 
     return {"good": (good, "PASSED"), "scaled": (scaled, "INCORRECT_NUMERICAL"),
             "raises": (raises, "RUNTIME_ERROR"), "course_layout": (course_layout, "INCORRECT_SHAPE"),
-            "fp32": (fp32, "INCORRECT_DTYPE"), "in_place": (in_place, "INCORRECT_NUMERICAL")}
+            "fp32": (fp32, "INCORRECT_DTYPE"), "in_place": (in_place, "INCORRECT_NUMERICAL"),
+            "unbuilt": (ImportError("No module named 'tvm_ffi'"), "COMPILE_ERROR")}
 
 
 def test_trace_records_the_courses_verdict_and_survives_apply_filter_when_passed(tmp_path):
@@ -252,6 +253,7 @@ def test_trace_records_the_courses_verdict_and_survives_apply_filter_when_passed
     assert "too many resources" in traces["raises"][0].evaluation.log
     assert "[batch, seq_q, num_heads, head_dim]" in traces["course_layout"][0].evaluation.log
     assert "q was modified by the call" in traces["in_place"][0].evaluation.log
+    assert "the build failed" in traces["unbuilt"][0].evaluation.log and "tvm_ffi" in traces["unbuilt"][0].evaluation.log
 
     solutions = [ic._routing_solution(name, 600.0 + i) for i, name in enumerate(traces)]
     flat = [t for ts in traces.values() for t in ts]
@@ -438,3 +440,16 @@ def test_two_routing_sets_never_share_an_apply_table(tmp_path):
             ic.check_routing(deployment(fallback()), seed=2)
     assert json.loads(next((tmp_path / "r1" / "definitions").rglob("*.json")).read_text())["name"] == \
         ic.DEFINITION_NAME
+
+
+def test_trace_verifies_inside_a_graders_collecting_block():
+    """In the grading kernel the checks only collect (facourse.check.collecting); a student's tracing
+    function runs there, and trace()'s status must still be the check's verdict, not PASSED by default."""
+    from facourse.check import collecting
+
+    d = fib.Definition(**definition())
+    w = ic.workloads("cpu")[1]                       # asymmetric: top-left causal is wrong there
+    runs = _runs()
+    with collecting():
+        assert ic.trace(d, "scaled", runs["scaled"][0], w).evaluation.status.value == "INCORRECT_NUMERICAL"
+        assert ic.trace(d, "good", runs["good"][0], w).evaluation.status.value == "PASSED"

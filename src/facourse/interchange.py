@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from .check import REL_LIMIT, AttentionCheckError, _normalise, check_attention, nan_filled_allocations
+from .check import REL_LIMIT, AttentionCheckError, _normalise, check_attention, nan_filled_allocations, verifying
 from .configs import AttnConfig, make_inputs, resolve_device
 from .hw import gpu_name
 from .reference import reference_attention
@@ -129,8 +129,10 @@ def _fib():
     try:
         import flashinfer_bench
     except ImportError as e:  # pragma: no cover - the course's environment has it
-        raise ImportError("step 11 needs FlashInfer-Bench: pip install flashinfer-bench "
-                          "(its kernels' package flashinfer-python is not needed here)") from e
+        raise ImportError("step 11 needs FlashInfer-Bench: ./course.sh setup installs it, or "
+                          "pip install --no-deps flashinfer-bench==0.1.2 pydantic safetensors docstring-parser "
+                          "(without --no-deps pip also fetches flashinfer-python, about 2 GB, which the "
+                          "course does not use)") from e
     return flashinfer_bench
 
 
@@ -420,6 +422,7 @@ def _shape(workload) -> tuple:
 def _names() -> dict:
     out = {_workload_uuid(p, n): n for p, table in PROFILES.items() for n in table}
     out.update({_workload_uuid("routing", n): f"workload {n}" for n in _ROUTING_WORKLOADS})
+    out.update({_workload_uuid("traces", n): n for n in _TRACE_SHAPES})
     return out
 
 
@@ -531,7 +534,10 @@ def trace(definition, solution, run, workload, *, seed: int = 0, device=None,
 
     Draws the workload's inputs (definition layout, float16, from ``seed``), calls
     ``run(q, k, v, causal)`` (the solution's callable, definition convention; new allocations are
-    NaN-filled as in every course check) and checks ``out`` with ``check_attention``:
+    NaN-filled as in every course check) and checks ``out`` with ``check_attention``. ``run`` may
+    instead be the exception that building the solution raised (``BuilderRegistry.build``: a CUDA
+    or TileLang solution on a machine without their toolchain): the trace is then COMPILE_ERROR
+    with that error in its log, and nothing runs.
 
     * PASSED, with correctness (max absolute error, the course's relative error max|o-ref|/max|ref|,
       and the check's allowance in ``extra``) and performance;
@@ -549,7 +555,12 @@ def trace(definition, solution, run, workload, *, seed: int = 0, device=None,
     d = _as_definition(definition)
     check_definition(d)
     device = resolve_device(device)
-    status, log, correctness = _call_and_check(run, workload, seed, device)
+    if isinstance(run, BaseException):
+        status, correctness = "COMPILE_ERROR", None
+        log = f"[{describe_workload(workload)}] the build failed:\n{''.join(traceback.format_exception(run))}"
+    else:   # verifying(): a trace's status is the check's verdict, also inside a grader's collecting()
+        with verifying():
+            status, log, correctness = _call_and_check(run, workload, seed, device)
     performance = None
     if status == "PASSED":
         if device.type == "cuda":
@@ -565,6 +576,125 @@ def trace(definition, solution, run, workload, *, seed: int = 0, device=None,
     sol_name = solution if isinstance(solution, str) else solution.name
     return fib.Trace(definition=d.name, workload=workload, solution=sol_name,
                      evaluation=_evaluation(status, device, log, correctness, performance))
+
+
+# ----------------------------------------------------------------------------- tracing, checked
+#: The workloads of :func:`check_traces` (batch, seq_q, seq_kv, causal): small, since each candidate
+#: runs on each; two causal with seq_q < seq_kv (top-left and bottom-right causal differ) and one
+#: non-causal (where they agree).
+_TRACE_SHAPES = {"asymmetric": (1, 24, 72, True), "ragged": (1, 37, 53, True), "noncausal": (1, 32, 32, False)}
+
+#: The candidates of :func:`check_traces`, by role: what the candidate does, its causal alignment,
+#: and the status it must be traced with on each workload.
+_TRACE_ROLES = {
+    "correct": ("computes the reference attention", "bottom_right", dict.fromkeys(_TRACE_SHAPES, "PASSED")),
+    "top_left": ("aligns causal top-left (PyTorch's is_causal)", "top_left",
+                 {"asymmetric": "INCORRECT_NUMERICAL", "ragged": "INCORRECT_NUMERICAL", "noncausal": "PASSED"}),
+    "raises": ("raises at every call", None, dict.fromkeys(_TRACE_SHAPES, "RUNTIME_ERROR")),
+    "unbuildable": ("has a syntax error (its build fails)", None, dict.fromkeys(_TRACE_SHAPES, "COMPILE_ERROR")),
+}
+_TRACE_HINTS = {
+    "PASSED": "its output passes the course's check on this shape",
+    "INCORRECT_NUMERICAL": "its output fails the course's check here (run the check: trace() does)",
+    "RUNTIME_ERROR": "the call raises: catch it and record RUNTIME_ERROR (trace() does)",
+    "COMPILE_ERROR": ("BuilderRegistry.build raises for it: record COMPILE_ERROR on each of its workloads "
+                      "(pass the exception to trace() in place of run) and go on with the other solutions"),
+}
+
+
+def trace_candidates(*, seed: int):
+    """The solutions :func:`check_traces` hands to a student's tracing function: ``(solutions, roles)``
+    with ``roles`` ``{solution name: role}`` (names drawn from ``seed``, so that a name says nothing)."""
+    fib = _fib()
+    rng = random.Random(f"facourse.interchange.traces:{seed}")
+    solutions, roles = [], {}
+    for role, (doc, align, _) in _TRACE_ROLES.items():
+        name = f"sol_{rng.getrandbits(32):08x}"
+        roles[name] = role
+        if role == "raises":
+            source = f'"""{doc}"""\n\n\ndef run(q, k, v, causal):\n    raise RuntimeError("launch failed: out of resources")\n'
+        elif role == "unbuildable":
+            source = f'"""{doc}"""\n\n\ndef run(q, k, v, causal)\n    return q\n'
+        else:
+            source = _solution_source(f"A candidate of facourse's tracing check: {doc}.", None, align)
+        solutions.append(fib.Solution(
+            name=name, definition=DEFINITION_NAME, author="facourse.interchange",
+            spec=fib.BuildSpec(language="python", target_hardware=["cpu", "cuda"], entry_point="main.py::run",
+                               destination_passing_style=False),
+            sources=[fib.SourceFile(path="main.py", content=source)], description=doc))
+    rng.shuffle(solutions)
+    return solutions, roles
+
+
+def _trace_workloads() -> list:
+    return [_workload("traces", n, shape) for n, shape in _TRACE_SHAPES.items()]
+
+
+def as_json(obj) -> str:
+    """A flashinfer_bench model (or a dict, or JSON text) as JSON text: what a graded function's
+    result is reduced to before it leaves the notebook's kernel."""
+    import json
+
+    if hasattr(obj, "model_dump_json"):
+        return obj.model_dump_json()
+    return obj if isinstance(obj, str) else json.dumps(obj)
+
+
+def check_traces(trace_solutions, *, seed: int = 0) -> None:
+    """Check a student's ``trace_solutions(definition, solutions, workloads) -> list of Trace`` (or of
+    their JSON) on the grader's candidates (:func:`trace_candidates`): one that is correct, one with
+    top-left causal, one that raises and one whose build fails, on three CPU workloads (two causal
+    with seq_q < seq_kv, one non-causal). Every (solution, workload) must have exactly one trace, of
+    this definition, with the right status; a PASSED one holds correctness and performance.
+
+    Raises :class:`InterchangeCheckError` naming the solution's role, the workload and the fix.
+    """
+    fib = _fib()
+    solutions, roles = trace_candidates(seed=seed)
+    ws = _trace_workloads()
+    try:
+        got = trace_solutions(_spec_definition(), solutions, ws)
+    except Exception as e:
+        raise InterchangeCheckError(
+            f"trace_solutions raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n  "
+            "a candidate that fails to build or to run is a trace with that status, not a stop: "
+            + _TRACE_HINTS["COMPILE_ERROR"]) from e
+    if not isinstance(got, (list, tuple)):
+        raise InterchangeCheckError(f"trace_solutions returned {type(got).__name__}; it must return a list of "
+                                    "flashinfer_bench Trace, one per (solution, workload)")
+    traces = {}
+    for i, t in enumerate(got):
+        try:
+            t = fib.Trace.model_validate_json(as_json(t))
+        except Exception as e:
+            raise InterchangeCheckError(f"item {i} of the returned list is not a flashinfer_bench Trace: "
+                                        f"{str(e).splitlines()[0]}") from e
+        key = (t.solution, _names().get(t.workload.uuid, t.workload.uuid))
+        if key in traces:
+            raise InterchangeCheckError(f"two traces of solution {key[0]} on workload {key[1]}: one per pair")
+        traces[key] = t
+    for sol in solutions:
+        role = roles[sol.name]
+        for w in ws:
+            wname = _names()[w.uuid]
+            want = _TRACE_ROLES[role][2][wname]
+            where = f"the candidate that {_TRACE_ROLES[role][0]} ({sol.name}) on workload {describe_workload(w)}"
+            t = traces.get((sol.name, wname))
+            if t is None:
+                raise InterchangeCheckError(f"no trace of {where}: trace every solution on every workload"
+                                            + (f"; {_TRACE_HINTS[want]}" if want == "COMPILE_ERROR" else ""))
+            if t.definition != DEFINITION_NAME:
+                raise InterchangeCheckError(f"the trace of {where} names definition {t.definition!r}, "
+                                            f"not {DEFINITION_NAME!r}")
+            status = t.evaluation.status.value
+            if status != want:
+                raise InterchangeCheckError(f"{where} was traced {status}; it must be {want}: {_TRACE_HINTS[want]}")
+            if status == "PASSED" and (t.evaluation.correctness is None or t.evaluation.performance is None):
+                raise InterchangeCheckError(f"the PASSED trace of {where} lacks correctness or performance: "
+                                            "apply() ranks PASSED traces by performance.speedup_factor")
+    extra = sorted({k for k in traces} - {(s.name, _names()[w.uuid]) for s in solutions for w in ws})
+    if extra:
+        raise InterchangeCheckError(f"traces of pairs that were not asked for: {extra}")
 
 
 # ----------------------------------------------------------------------------- deployment
@@ -783,16 +913,19 @@ def _routing_verdict(w: str, served: str | None) -> str | None:
             "traces of this shape: route each shape to its fastest PASSED solution")
 
 
-def check_routing(attn, *, seed: int, device=None) -> None:
+def check_routing(attn, *, seed: int, device=None, workloads=("A", "B", "C")) -> None:
     """Check a deployment ``attn(q, k, v, causal)`` (definition layout) built on
     :func:`routing_trace_set` ``(root, seed=seed)``, from its outputs only: workload A must be served
     by kernel_x (not the faster fast_wrong, whose trace failed), B by kernel_y, C (no trace) by the
     fallback, and every output must otherwise pass the course's check (the tag element excepted).
+    ``workloads``: the ones to call (the grader checks A and B, the routing, apart from C, the fallback).
 
     Raises :class:`InterchangeCheckError` with what went where and what to change.
     """
     tags = _routing_tags(seed)
     for w, workload in _routing_workloads().items():
+        if w not in workloads:
+            continue
         name = describe_workload(workload)
         q, k, v, causal = make_workload_inputs(workload, seed=seed, device=device)
         try:
@@ -824,3 +957,25 @@ def check_routing(attn, *, seed: int, device=None) -> None:
 def _reference_at_tag(q, k, v, causal) -> torch.Tensor:
     """The reference's value at the tag's place (course layout: batch 0, head 0, last row, channel 0)."""
     return reference_attention(q, k, v, causal)[0][0, 0, -1, 0]
+
+
+def deployed(deploy, *, seed: int):
+    """The attention a student's ``deploy(root) -> attn`` gives on :func:`routing_trace_set` of
+    ``seed``: a function ``attn(q, k, v, causal)`` that writes the trace set to a new folder and calls
+    ``deploy`` on it at its first call (so that an error in ``deploy`` is the call's error)."""
+    import tempfile
+
+    state = {}
+
+    def attn(q, k, v, causal):
+        if "attn" not in state:
+            root = routing_trace_set(Path(tempfile.mkdtemp(prefix="facourse_routing_")), seed=seed)
+            state["attn"] = deploy(root)
+        return state["attn"](q, k, v, causal)
+
+    return attn
+
+
+def check_deployment(deploy, *, seed: int = 0, device=None, workloads=("A", "B", "C")) -> None:
+    """:func:`check_routing` of ``deploy(root) -> attn`` on the routing trace set of ``seed``."""
+    check_routing(deployed(deploy, seed=seed), seed=seed, device=device, workloads=workloads)
