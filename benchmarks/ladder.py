@@ -778,10 +778,21 @@ def main(argv=None) -> int:
     ap.add_argument("--no-bench", action="store_true", help="checks only")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="step 12: the ring path on 2 CPU ranks (gloo), tiny shapes: a test of the runner")
+    ap.add_argument("--traces", action="store_true",
+                    help="step 11: the solution kernels of 05, 06, 07 and 11 as FlashInfer-Bench solutions, "
+                         "traced over the seed's workloads, then apply()'s choices re-timed (benchmarks/traces.py)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     m = load_step(a.step)
+    if a.traces:
+        if m["step"]["id"] != "11":
+            print("--traces is step 11's")
+            return 2
+        from benchmarks.traces import run as run_traces
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        return run_traces(out, a.quick)
     if not m["rungs"]:
         print(f"step {a.step} has no solution ladder")
         return 2

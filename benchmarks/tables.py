@@ -70,6 +70,14 @@ def measured() -> dict:
     probe["rows"] = [{**r, "config": _new_name(r["config"])} for r in probe["rows"]]
     out["timing_probe"] = {**probe, "source": f"benchmarks/results/{PROBE}"}
     out["06_v5_variants"] = step06_v5_variants()
+    traces = sorted(RESULTS.glob("*_step11_traces.json"))
+    if traces:                 # benchmarks/traces.py: its own schema (traces and apply()'s choices)
+        d = json.loads(traces[-1].read_text())
+        out["11_traces"] = {"source": f"benchmarks/results/{traces[-1].name}", "env": d["env"], "timing": d["timing"],
+                            "reference": d["reference"],
+                            "traces": [{k: r[k] for k in ("workload", "solution", "status", "ms", "ref_ms", "speedup")
+                                        if k in r} for r in d["traces"]],
+                            "dispatch": d["dispatch"]}
     return out
 
 
@@ -174,6 +182,9 @@ TABLES = {
     "step09_source": lambda: source("09"),
     "step10": lambda: R.variant_table(_m("10")),
     "step10_source": lambda: source("10"),
+    "step11_traces_source": lambda: (f"Source: `{_m('11_traces')['source'].removeprefix('benchmarks/')}`. "
+                                     f"{R.traces_header(_m('11_traces'))}."),
+    "step11_traces": lambda: R.traces_table(_m("11_traces")),
     "step12": lambda: R.ring_table(_m("12")),
     "step12_source": lambda: source("12"),
 }

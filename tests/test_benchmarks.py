@@ -116,3 +116,42 @@ def test_runner_plans_what_the_old_drivers_measured(step):
         assert must in names, (step, must)
     assert set(sweep_names(m, quick=True)) == {"causal_4k", "causal_8k", "causal_16k",
                                                "noncausal_4k", "noncausal_8k", "noncausal_16k"}
+
+
+def test_step11_traces_committed_and_apply_right():
+    """benchmarks/traces.py's committed run: every solution PASSED on every workload and was timed,
+    and apply() routed each workload to a solution whose output passed and that re-timed fastest."""
+    (f,) = sorted(RESULTS.glob("*_step11_traces.json"))[-1:]
+    d = json.loads(f.read_text())
+    assert {r["status"] for r in d["traces"]} == {"PASSED"} and all(r["speedup"] > 0 for r in d["traces"])
+    assert len(d["traces"]) == 4 * 6 and len(d["dispatch"]) == 6
+    assert all(r["right"] and r["output"] == "passed" for r in d["dispatch"]), d["dispatch"]
+
+
+def test_step11_traces_runner_builds_and_routes_a_solution_on_the_cpu(tmp_path):
+    """The runner's pieces on a CPU: the Triton solution (step 05's solution rung, Triton's interpreter)
+    as a FlashInfer-Bench solution builds, traces PASSED, and apply()'s table routes to it."""
+    code = """
+import sys, tempfile
+import flashinfer_bench as fib
+from flashinfer_bench.apply.key import ApplyKeyFactory
+from flashinfer_bench.apply.runtime import ApplyRuntime
+from flashinfer_bench.compile import BuilderRegistry
+from benchmarks import traces as T
+from facourse import interchange as fx
+d = fx._spec_definition()
+s = T.solution("triton", "cpu")
+w = fx.workloads("cpu")[0]
+t = fx.trace(d, s, BuilderRegistry.get_instance().build(d, s), w)
+root = fx.save_trace_set(sys.argv[1], d, [s], [w], [t])
+fib.enable_apply(str(root), fx.apply_config())
+q, k, v, c = fx.make_workload_inputs(w, seed=1)
+print("RESULT", t.evaluation.status.value, T._routed(ApplyKeyFactory.specialize(d).build_from_args((q, k, v, c)),
+                                                    ApplyRuntime.get_instance(), d))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", FIB_CACHE_PATH=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "set")], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "RESULT PASSED triton" in r.stdout, r.stdout[-2000:]

@@ -1,6 +1,6 @@
 """Pack TileLang (and what it needs beside the GPU machine's own packages) into one archive to carry.
 
-    python tools/carry_tilelang.py [--out carry/tilelang.tar.xz] [--pythons 3.12 3.11] [--no-kernels] [--verify]
+    python tools/carry_tilelang.py [--out carry/tilelang.tar.xz] [--pythons 3.12 3.11] [--no-kernels] [--verify] [--fib]
 
 The GPU machine (Python 3.12, PyTorch 2.11, CUDA 13.0 with nvcc) can install nothing from a registry
 and takes at most 64 MiB of carried files; TileLang's wheels with their needs are about 82 MB. This
@@ -17,6 +17,11 @@ builds ``carry/tilelang.tar.xz`` (git-ignored), well under 50 MB, which unpacks 
              built here for sm_90a by TileLang with this machine's nvcc. The cache key is the program,
              target, pass configs and TileLang's own libraries, not the machine, so the GPU machine
              loads them instead of compiling (where a key misses, TileLang compiles there as usual).
+
+With --fib it packs FlashInfer-Bench 0.1.2 and the packages it imports that the GPU machine lacks
+(pydantic with its compiled core for each Python, annotated-types, typing-inspection, docstring-parser)
+into ``carry/fib.tar.xz`` (about 3 MiB), for step 11's traces (benchmarks/ladder.py 11 --traces); it
+unpacks into the same folder as the TileLang archive (both hold a site/).
 
 The wheels come from PyPI with pip (``pip download --only-binary=:all: --python-version ...``, into
 ~/.cache/facourse-carry/wheels): the same files pip would install on each Python. It prints the
@@ -40,7 +45,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LADDER = ROOT / "solutions" / "11_interchangeable_kernels" / "ladder"
 PINS = ["tilelang==0.1.15", "apache-tvm-ffi==0.1.12", "z3-solver==4.15.4.0", "cloudpickle==3.1.2"]
-VERSION_SPECIFIC = "apache_tvm_ffi"          # the only wheel here with a per-Python compiled module
+# --fib: FlashInfer-Bench (step 11's traces and apply()) and what it imports that the GPU machine lacks
+# (it has torch, safetensors and typing-extensions), as course.sh installs it: without flashinfer-python.
+FIB_PINS = ["flashinfer-bench==0.1.2", "pydantic==2.14.3", "pydantic-core==2.50.4", "annotated-types==0.8.0",
+            "typing-inspection==0.4.5", "docstring-parser==0.18.0"]
+VERSION_SPECIFIC = ("apache_tvm_ffi", "pydantic_core")   # the wheels here with a per-Python compiled module
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 WHEELS = Path(os.environ.get("FACOURSE_WHEELS", Path.home() / ".cache" / "facourse-carry" / "wheels"))
@@ -191,7 +200,15 @@ def main(argv=None) -> int:
                     help="CPython versions whose apache-tvm-ffi core goes in (default: 3.12 and this one)")
     ap.add_argument("--no-kernels", action="store_true", help="leave TileLang's kernel cache out")
     ap.add_argument("--verify", action="store_true", help="check the archive here afterwards")
+    ap.add_argument("--fib", action="store_true",
+                    help="pack FlashInfer-Bench and its imports instead (default --out carry/fib.tar.xz); it "
+                         "unpacks beside the TileLang archive: site/ is shared")
     args = ap.parse_args(argv)
+    global PINS
+    if args.fib:
+        PINS, args.no_kernels = FIB_PINS, True
+        if args.out == ROOT / "carry" / "tilelang.tar.xz":
+            args.out = ROOT / "carry" / "fib.tar.xz"
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     pythons = args.pythons or list(dict.fromkeys(["3.12", here]))
     t0 = time.time()
@@ -218,7 +235,7 @@ def main(argv=None) -> int:
           f"in {time.time() - t0:.0f} s")
     if mb > LIMIT_MB:
         print(f"warning: over {LIMIT_MB} MiB: with the working tree it may pass the GPU machine's 64 MiB")
-    if args.verify:
+    if args.verify and not args.fib:
         verify(args.out)
     rel = os.path.relpath(args.out, ROOT)
     print(f"on the GPU machine (carry = [\"{rel}\"]), start the command with:\n  {device_prefix(rel)}")

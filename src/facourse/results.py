@@ -175,6 +175,30 @@ def ring_table(d: dict) -> str:
     return "\n".join(out)
 
 
+def traces_header(d: dict) -> str:
+    """Step 11's traces (benchmarks/traces.py): the machine, the timing and the reference."""
+    e = d["env"]
+    return (f"{e['gpu']}, {e['date']}, torch {e['torch']}, CUDA {e['cuda']}, Triton {e['triton']}; timing: "
+            f"{d['timing']}; speedup = t_SDPA {d['reference']} / t_solution on the same shape and seed, fp16")
+
+
+def traces_table(d: dict) -> str:
+    """Step 11: each solution's trace on each workload (speedup vs the reference, or why it failed),
+    then the solution apply() routed the workload to and the fastest when all were timed again."""
+    names = list(dict.fromkeys(r["solution"] for r in d["traces"]))
+    cell = {(r["workload"], r["solution"]): _x(r["speedup"]) if r["status"] == "PASSED" and r.get("speedup")
+            else r["status"] for r in d["traces"]}
+    chose = {r["workload"]: r for r in d["dispatch"]}
+    out = ["| workload | " + " | ".join(names) + " | apply() chose | re-timed fastest |",
+           "|---|" + "---|" * (len(names) + 2)]
+    for w in dict.fromkeys(r["workload"] for r in d["traces"]):
+        c = chose.get(w, {})
+        verdict = "" if not c else (" (right)" if c.get("right") else " (WRONG)")
+        out.append(f"| {w} | " + " | ".join(cell.get((w, n), "—") for n in names)
+                   + f" | {c.get('chosen', '—')}{verdict} | {c.get('fastest', '—')} |")
+    return "\n".join(out)
+
+
 def _ladder_configs(d: dict) -> set:
     return {r["config"] for r in d["rows"] if r["rung"] != d["solution"]}
 
