@@ -49,6 +49,11 @@ FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_atten
                                  r"flash_attn|\b_scaled_dot_product|\b_flash_attention|\b_efficient_attention|"
                                  r"cudnn_attention|sdpa_kernel|sdpa_reference|torch_attention|"
                                  r"reference_attention|flex_attention(?!_triton)")   # (step 10's entry point is ours)
+# Step 11: what facourse.interchange holds of the exercise's answers (the spec it checks against, the
+# grader's own definition and candidates): a submission that uses them instead of writing its own
+# definition is for an instructor to look at.
+INTERCHANGE_ANSWERS = re.compile(r"\b(?:_spec_definition|SPEC|AXES|INPUTS|OUTPUTS|_solution_source|_routing_\w+|"
+                                 r"_TRACE_\w+|trace_candidates|routing_trace_set)\b")
 CUDA_TAMPER = re.compile(r"Python\.h|pybind11|\bPy[A-Z_][A-Za-z_]*\s*\(|\bdlopen\b|\bdlsym\b|\bsystem\s*\(|"
                          r"\bpopen\s*\(|\bfork\s*\(|\bexecv|\bexecl|\bgetenv\s*\(|\bfopen\s*\(")
 
@@ -248,6 +253,10 @@ def scan_source(source: str, where: str) -> list[Flag]:
         m = FRAMEWORK_ATTENTION.search(ln)
         if m and not ln.lstrip().startswith("#"):
             flags.append(Flag("review", f"{where}, line {n}", f"names PyTorch's or the course's attention ({m.group(0)})", ln))
+        m = INTERCHANGE_ANSWERS.search(ln)
+        if m and not ln.lstrip().startswith("#"):
+            flags.append(Flag("review", f"{where}, line {n}", f"uses facourse.interchange's own spec or grader data "
+                                                               f"({m.group(0)}) instead of writing it", ln))
     return flags
 
 
