@@ -155,3 +155,25 @@ print("RESULT", t.evaluation.status.value, T._routed(ApplyKeyFactory.specialize(
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "RESULT PASSED triton" in r.stdout, r.stdout[-2000:]
+
+
+def test_step11_traces_rank_solutions_by_their_own_times():
+    """one_reference: the traces of a workload share one reference time, so apply() ranks its solutions
+    by their times and not by the spread of the reference's timings (here: a faster solution whose
+    reference happened to read slower must still rank first)."""
+    import flashinfer_bench as fib
+
+    from benchmarks import traces as T
+    from facourse import interchange as fx
+    w = fx.workloads("gpu")[2]
+
+    def traced(name, ms, ref_ms):
+        t = fx._routing_trace(w, name, "PASSED", 1.0)
+        perf = fib.Performance(latency_ms=ms, reference_latency_ms=ref_ms, speedup_factor=ref_ms / ms)
+        return t.model_copy(update={"evaluation": t.evaluation.model_copy(update={"performance": perf})})
+
+    raw = [traced("fast", 0.040, 0.344), traced("slow", 0.041, 0.362)]
+    assert raw[1].evaluation.performance.speedup_factor > raw[0].evaluation.performance.speedup_factor
+    ranked = T.one_reference(raw)
+    assert ranked[0].evaluation.performance.speedup_factor > ranked[1].evaluation.performance.speedup_factor
+    assert {t.evaluation.performance.reference_latency_ms for t in ranked} == {0.353}

@@ -226,6 +226,8 @@ def main(argv=None) -> int:
             elif here not in pythons:
                 print(f"note: this Python ({here}) is not in --pythons: the archive carries no kernels")
             else:
+                if args.out.exists():            # the kernels already carried: only new ones compile
+                    subprocess.run(["tar", "xJf", str(args.out), "-C", str(stage), "cache"], check=False)
                 build_kernels(site, stage / "cache")
                 prune(site)                      # nothing the build left (it writes no bytecode)
         raw = sum(f.stat().st_size for f in stage.rglob("*") if f.is_file() and not f.is_symlink())

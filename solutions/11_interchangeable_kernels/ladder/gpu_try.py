@@ -11,7 +11,8 @@ sets PYTHONPATH and TILELANG_CACHE_DIR: the archive's kernels are already built,
    the strided [B, S, H, D] views the hidden tests pass; then ``large`` and ``long`` on contiguous
    [B, H, S, D] inputs (the path the benchmark times: no copy) and two calls with a given scale.
 3. Times it with ``facourse.bench_attention`` (GPU time, L2 flushed, median of 25 interleaved with the
-   reference) against SDPA's FLASH_ATTENTION backend (FA2) on ``large`` and ``long``, fp16 and bf16.
+   reference) against SDPA's FLASH_ATTENTION backend (FA2) on ``large`` and ``long``, fp16 and bf16, on
+   contiguous [B, H, S, D]; then fp16 on [B, S, H, D] storage (the kernel's other layout, read in place).
 4. The tile sweep (unless --no-sweep): each of tilelang_fa.SWEEP_TILES on ``large`` and ``long``,
    fp16, after a check of each on ``ragged``, ``large`` and ``long``.
 
@@ -103,8 +104,8 @@ def build_all(run: Run, sweep: bool) -> None:
     with cf.ThreadPoolExecutor(max(1, min(len(kernels), os.cpu_count() or 4))) as ex:
         futs = {ex.submit(one, k): k for k in kernels}
         for f in cf.as_completed(futs):
-            dt, D, causal, tiles = futs[f]
-            rec = {"dtype": dt, "D": D, "causal": causal, "tiles": tiles.label()}
+            dt, D, causal, tiles, *layout = futs[f]
+            rec = {"dtype": dt, "D": D, "causal": causal, "tiles": tiles.label(), "layout": (layout or ["bhsd"])[0]}
             try:
                 rec["seconds"] = round(f.result(), 2)
             except Exception as e:  # noqa: BLE001
@@ -141,17 +142,19 @@ def check(run: Run, name: str, dtype: str, *, layout: str = "bshd", scale=None, 
     return row["check"] == "ok"
 
 
-def bench(run: Run, name: str, dtype: str, tiles: str | None = None) -> None:
+def bench(run: Run, name: str, dtype: str, tiles: str | None = None, layout: str = "bhsd") -> None:
     cfg = LONG_CONFIG if name == "long" else name
-    row = {"kind": "bench", "config": name, "dtype": dtype, "tiles": tiles or "table", "ref_backend": "FLASH_ATTENTION"}
+    row = {"kind": "bench", "config": name, "dtype": dtype, "tiles": tiles or "table", "ref_backend": "FLASH_ATTENTION",
+           "layout": layout}
     t0 = time.time()
     faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
     try:
-        b = bench_attention(fa.flash_attention_tilelang, cfg, backend="FLASH_ATTENTION", dtype=DTYPES[dtype])
+        b = bench_attention(fa.flash_attention_tilelang, cfg, backend="FLASH_ATTENTION", dtype=DTYPES[dtype],
+                            layout=layout)
         row.update(ref_backend=b.backend, tflops=round(b.tflops_student, 1), tflops_ref=round(b.tflops_ref, 1),
                    ratio=round(b.ratio, 3), ms=round(b.t_student_ms, 4), ms_ref=round(b.t_ref_ms, 4),
                    host_us=round(b.host_student_us, 1), host_ref_us=round(b.host_ref_us, 1))
-        print(f"  {name:>6} {dtype:>8} {row['tiles']:<50} {b.tflops_student:6.0f} TFLOP/s vs FA2 {b.tflops_ref:6.0f}"
+        print(f"  {name:>6} {dtype:>8} {layout} {row['tiles']:<50} {b.tflops_student:6.0f} TFLOP/s vs FA2 {b.tflops_ref:6.0f}"
               f"  x{b.ratio:.2f}", flush=True)
     except Exception as e:  # noqa: BLE001
         row["error"] = error_text(e)
@@ -170,14 +173,16 @@ def table(run: Run) -> str:
              + "; ".join(f"D={D}: {t}" for D, t in run.d["tiles"].items())]
     lines += [f"  FAILED {r['config']} {r['dtype']} {r['layout']} {r['tiles']}: {r['error'][:200]}"
               for r in checks if r["check"] != "ok"]
-    lines.append(f"{'config':>8} {'dtype':>9} {'tiles':<50} {'TileLang':>9} {'FA2':>7} {'ratio':>6}   (TFLOP/s, forward)")
+    lines.append(f"{'config':>8} {'dtype':>9} {'layout':>6} {'tiles':<50} {'TileLang':>9} {'FA2':>7} {'ratio':>6}"
+                 "   (TFLOP/s, forward)")
     for r in rows:
         if r["kind"] == "bench":
+            lay = r.get("layout", "bhsd")
             if "error" in r:
-                lines.append(f"{r['config']:>8} {r['dtype']:>9} {r['tiles']:<50} error: {r['error'][:80]}")
+                lines.append(f"{r['config']:>8} {r['dtype']:>9} {lay:>6} {r['tiles']:<50} error: {r['error'][:80]}")
             else:
-                lines.append(f"{r['config']:>8} {r['dtype']:>9} {r['tiles']:<50} {r['tflops']:>9.0f} {r['tflops_ref']:>7.0f} "
-                             f"{r['ratio']:>5.2f}x")
+                lines.append(f"{r['config']:>8} {r['dtype']:>9} {lay:>6} {r['tiles']:<50} {r['tflops']:>9.0f} "
+                             f"{r['tflops_ref']:>7.0f} {r['ratio']:>5.2f}x")
     return "\n".join(lines)
 
 
@@ -221,6 +226,8 @@ def main(argv=None) -> int:
     for dt in dtypes:
         for name in ("large", "long"):
             bench(run, name, dt)
+    for name in ("large", "long"):      # [B, S, H, D] storage, read in place (tilelang_fa.BSHD_DIMS)
+        bench(run, name, "float16", layout="bshd")
 
     if sweep:
         print("tile sweep (fp16, D = 128):", flush=True)

@@ -94,10 +94,17 @@ SWEEP_TILES = (Tiles(128, 128, 2, 256), Tiles(128, 128, 3, 256), Tiles(128, 64, 
                Tiles(128, 128, 2, 256, fast_math=False))
 
 
-def planned_kernels(sweep: bool = True) -> list[tuple[str, int, bool, Tiles]]:
-    """Every (dtype, D, causal, tiles) gpu_try.py runs: the table's tiles for both dtypes, both head
-    dims, causal and not; the sweep's for fp16, D = 128 (tools/carry_tilelang.py builds them ahead)."""
+#: Head dims whose [B, S, H, D] storage the kernel reads in place (a kernel of its own per layout);
+#: other head dims copy such inputs to [B, H, S, D] first.
+BSHD_DIMS = (128,)
+
+
+def planned_kernels(sweep: bool = True) -> list[tuple]:
+    """Every (dtype, D, causal, tiles[, layout]) gpu_try.py and the step's traces run: the table's tiles
+    for both dtypes, both head dims, causal and not, in the course's layout and (D = 128) in [B, S, H, D];
+    the sweep's for fp16, D = 128 (tools/carry_tilelang.py builds them ahead)."""
     ks = [(dt, D, c, TILES[D]) for dt in DTYPES.values() for D in HEAD_DIMS for c in (True, False)]
+    ks += [(dt, D, c, TILES[D], "bshd") for dt in DTYPES.values() for D in BSHD_DIMS for c in (True, False)]
     if sweep:
         ks += [("float16", 128, c, t) for t in SWEEP_TILES for c in (True, False) if t != TILES[128]]
     return ks
@@ -136,10 +143,13 @@ def tile_range(row0, Sq, Skv, causal: bool, BM: int, BN: int,
     return n_end, n_full
 
 
-def fa_forward_program(dtype: str, D: int, causal: bool, tiles: Tiles):
+def fa_forward_program(dtype: str, D: int, causal: bool, tiles: Tiles, layout: str = "bhsd"):
     """The TileLang program (a TIR PrimFunc) of the forward for one dtype, head dim and causal flag.
 
-    Arguments: Q, K, V, O, LSE, qk_scale (= scale * log2 e); shapes symbolic.
+    Arguments: Q, K, V, O, LSE, qk_scale (= scale * log2 e); shapes symbolic. ``layout``: how Q, K, V
+    and O are stored, contiguous: "bhsd" ([B, H, S, D], the course's) or "bshd" ([B, S, H, D], the
+    layout of FlashInfer's definitions and of most models). Only the TMA boxes' place differs: a tile
+    of BM rows of one head is rows row0.. of [S, D] in one, every H-th row of [S*H, D] in the other.
     """
     import tilelang.language as T
 
@@ -147,11 +157,15 @@ def fa_forward_program(dtype: str, D: int, causal: bool, tiles: Tiles):
     acc = "float32"
     B, Hq, Hkv, Sq, Skv = T.dynamic("B, Hq, Hkv, Sq, Skv")
     NEG_INF = -T.infinity(acc)
+    bshd = {"bhsd": False, "bshd": True}[layout]
+    q_shape, kv_shape = ([B, Sq, Hq, D], [B, Skv, Hkv, D]) if bshd else ([B, Hq, Sq, D], [B, Hkv, Skv, D])
+
+    def rows(X, b, h, r0, n):           # rows r0 .. r0 + n - 1 of head h (a TMA box), in either layout
+        return X[b, r0:r0 + n, h, :] if bshd else X[b, h, r0:r0 + n, :]
 
     @T.prim_func
-    def fa_fwd(Q: T.Tensor([B, Hq, Sq, D], dtype), K: T.Tensor([B, Hkv, Skv, D], dtype),
-               V: T.Tensor([B, Hkv, Skv, D], dtype), O: T.Tensor([B, Hq, Sq, D], dtype),
-               LSE: T.Tensor([B, Hq, Sq], acc), qk_scale: T.float32):
+    def fa_fwd(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+               O: T.Tensor(q_shape, dtype), LSE: T.Tensor([B, Hq, Sq], acc), qk_scale: T.float32):
         with T.Kernel(T.ceildiv(Sq, BM), Hq, B, threads=threads) as (bx, h, b):
             q_s = T.alloc_shared([BM, D], dtype)
             k_s = T.alloc_shared([BN, D], dtype)
@@ -172,12 +186,12 @@ def fa_forward_program(dtype: str, D: int, causal: bool, tiles: Tiles):
             row0 = tile * BM
             off = Skv - Sq                                          # bottom-right: j <= i + off
             n_end, n_full = tile_range(row0, Sq, Skv, causal, BM, BN, T.min, T.max, T.ceildiv, T.floordiv)
-            T.copy(Q[b, h, row0:row0 + BM, :], q_s)
+            T.copy(rows(Q, b, h, row0, BM), q_s)
             T.fill(o, 0)
             T.fill(l, 0)
             T.fill(m, NEG_INF)
             for j in T.Pipelined(n_end, num_stages=stages):
-                T.copy(K[b, kvh, j * BN:j * BN + BN, :], k_s)
+                T.copy(rows(K, b, kvh, j * BN, BN), k_s)
                 T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 if j >= n_full:                                     # ragged or on the diagonal
                     for r, c in T.Parallel(BM, BN):
@@ -197,12 +211,12 @@ def fa_forward_program(dtype: str, D: int, causal: bool, tiles: Tiles):
                 T.copy(s, p)
                 for r, c in T.Parallel(BM, D):
                     o[r, c] *= alpha[r]
-                T.copy(V[b, kvh, j * BN:j * BN + BN, :], v_s)
+                T.copy(rows(V, b, kvh, j * BN, BN), v_s)
                 T.gemm(p, v_s, o, policy=T.GemmWarpPolicy.FullRow)
             for r, c in T.Parallel(BM, D):
                 o[r, c] = T.if_then_else(l[r] > 0, o[r, c] / l[r], 0)  # a row with no key: 0
             T.copy(o, o_s)
-            T.copy(o_s, O[b, h, row0:row0 + BM, :])                  # TMA store: rows >= Sq clipped
+            T.copy(o_s, rows(O, b, h, row0, BM))                     # TMA store: rows >= Sq clipped
             for r in T.Parallel(BM):
                 if row0 + r < Sq:
                     LSE[b, h, row0 + r] = T.if_then_else(l[r] > 0, m[r] * qk_scale * LN2 + T.log(l[r]), NEG_INF)
@@ -215,7 +229,7 @@ def _pass_configs(tiles: Tiles) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def compile_kernel(dtype: str, D: int, causal: bool, tiles: Tiles):
+def compile_kernel(dtype: str, D: int, causal: bool, tiles: Tiles, layout: str = "bhsd"):
     """The compiled kernel (TileLang's JITKernel: its CUDA built by nvcc), cached per process.
 
     The target is sm_90a on an sm_90 GPU and where there is none (nvcc builds it all the same), else
@@ -229,11 +243,12 @@ def compile_kernel(dtype: str, D: int, causal: bool, tiles: Tiles):
 
     cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     target = Target(HOPPER) if cap in (None, (9, 0)) else "auto"
-    return tilelang.compile(fa_forward_program(dtype, D, causal, tiles), target=target,
+    return tilelang.compile(fa_forward_program(dtype, D, causal, tiles, layout), target=target,
                             execution_backend="tvm_ffi", pass_configs=_pass_configs(tiles))
 
 
-def hopper_source(dtype: str = "float16", D: int = 128, causal: bool = True, tiles: Tiles | None = None) -> str:
+def hopper_source(dtype: str = "float16", D: int = 128, causal: bool = True, tiles: Tiles | None = None,
+                  layout: str = "bhsd") -> str:
     """The kernel lowered for sm_90a, as CUDA source; needs tilelang, no GPU and no nvcc."""
     import tilelang
     from tvm.target import Target
@@ -241,7 +256,7 @@ def hopper_source(dtype: str = "float16", D: int = 128, causal: bool = True, til
     tiles = tiles or TILES[D]
     target = Target(HOPPER)
     with target, tilelang.transform.PassContext(config=_pass_configs(tiles)):
-        artifact = tilelang.lower(fa_forward_program(dtype, D, causal, tiles), target=target)
+        artifact = tilelang.lower(fa_forward_program(dtype, D, causal, tiles, layout), target=target)
     return artifact.kernel_source
 
 
@@ -251,11 +266,19 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+def _bshd_storage(*ts: torch.Tensor) -> bool:
+    """Whether every [B, H, S, D] tensor is a view of contiguous [B, S, H, D] storage (the layout of
+    FlashInfer's definitions and of most models), 16-byte aligned, and not also contiguous as is."""
+    return (all(t.transpose(1, 2).is_contiguous() and t.data_ptr() % 16 == 0 for t in ts)
+            and not all(t.is_contiguous() for t in ts))
+
+
 def flash_attention_tilelang(q, k, v, causal=False, scale=None):
     """FlashAttention-2 forward in TileLang. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (fp16/bf16, D 64 or 128).
 
-    Returns (o in q's dtype, lse float32 [B, Hq, Sq], natural log). Any strides: non-contiguous
-    inputs are copied to contiguous ones first (the kernel's TMA descriptors assume [B, H, S, D]).
+    Returns (o in q's dtype, lse float32 [B, Hq, Sq], natural log). Any strides: views of contiguous
+    [B, S, H, D] storage are read in place for D in BSHD_DIMS (o is then such a view too); other
+    non-contiguous inputs are copied to contiguous [B, H, S, D] first.
     """
     from facourse.reference import AttentionInputError, default_scale, validate_inputs
 
@@ -274,6 +297,11 @@ def flash_attention_tilelang(q, k, v, causal=False, scale=None):
     if Skv == 0:                                  # no key at all: every row is empty
         return o.zero_(), lse.fill_(float("-inf"))
     qk_scale = default_scale(D, scale) * LOG2E
+    if D in BSHD_DIMS and _bshd_storage(q, k, v):
+        o = torch.empty((B, Sq, Hq, D), dtype=q.dtype, device=q.device)
+        kernel = compile_kernel(DTYPES[q.dtype], D, bool(causal), pick_tiles(D), "bshd")
+        kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o, lse, qk_scale)
+        return o.transpose(1, 2), lse
     kernel = compile_kernel(DTYPES[q.dtype], D, bool(causal), pick_tiles(D))
     kernel(_tma_ready(q), _tma_ready(k), _tma_ready(v), o, lse, qk_scale)
     return o, lse
