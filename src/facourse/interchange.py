@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 from .check import REL_LIMIT, AttentionCheckError, _normalise, check_attention, nan_filled_allocations, verifying
-from .configs import AttnConfig, make_inputs, resolve_device
+from .configs import CONFIGS, LONG_CONFIG, AttnConfig, make_inputs, resolve_device
 from .hw import gpu_name
 from .reference import reference_attention
 
@@ -86,16 +86,10 @@ SPEC = {"name": DEFINITION_NAME, "op_type": OP_TYPE, "axes": AXES, "inputs": INP
 
 HQ, HKV, HEAD_DIM = (AXES[a]["value"] for a in ("num_heads", "num_kv_heads", "head_dim"))
 
-#: The seed's workloads, (batch, seq_q, seq_kv, causal), for a GPU. ``medium`` and ``noncausal``
-#: share one shape: apply()'s key holds the var axes only, not ``causal`` (see :func:`workloads`).
-WORKLOADS = {
-    "small": (1, 128, 128, True),
-    "medium": (4, 512, 512, True),
-    "large": (8, 2048, 2048, True),
-    "noncausal": (4, 512, 512, False),
-    "asymmetric": (4, 128, 2048, True),
-    "long": (2, 8192, 8192, False),
-}
+#: The seed's workloads, (batch, seq_q, seq_kv, causal), for a GPU: the course's five configurations
+#: and long (facourse.configs), with the definition's heads (long: 32/8 here, not 16/16). ``medium``
+#: and ``noncausal`` share one shape: apply()'s key holds the var axes only, not ``causal``.
+WORKLOADS = {name: (c.B, c.Sq, c.Skv, c.causal) for name, c in {**CONFIGS, "long": LONG_CONFIG}.items()}
 
 #: The CPU profile: the same heads and head_dim, short sequences, every shape distinct. asymmetric
 #: (seq_q < seq_kv, causal) tells a top-left causal mask from a bottom-right one; empty_rows
