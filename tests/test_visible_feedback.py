@@ -21,7 +21,7 @@ VISIBLE = ("test_small", "visible_checks")
 # namespace: one interpreter start and one torch/Triton import instead of one per bug.
 RUNNER = textwrap.dedent("""
     import json, os, sys, time
-    nb_path, variants_path = sys.argv[1], sys.argv[2]
+    nb_path, variants_path, visible = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     nb = json.load(open(nb_path))
     for name, code in json.load(open(variants_path)):
         print("START", name, flush=True)
@@ -37,7 +37,7 @@ RUNNER = textwrap.dedent("""
             src = "".join(cell["source"])
             if meta.get("solution"):
                 src = code[gid]
-            elif meta.get("grade") and gid not in %(visible)r:
+            elif meta.get("grade") and gid not in visible:
                 continue                                   # hidden tests: the judge's, not visible
             src = src.split("### BEGIN HIDDEN TESTS")[0]
             path = os.path.join(cells, f"cell_{len(os.listdir(cells))}.py")
@@ -48,10 +48,10 @@ RUNNER = textwrap.dedent("""
             except Exception as err:
                 line = "FAILED " + str(gid) + " " + type(err).__name__ + ": " + str(err).replace("\\n", " | ")
                 break
-            if gid in %(visible)r:
+            if gid in visible:
                 visible_s += time.perf_counter() - t0
         print("RESULT", name, line or f"PASSED {round(visible_s, 1)}", flush=True)
-""" % {"visible": VISIBLE})
+""")
 
 
 def mutate(code: str, *subs) -> str:
@@ -61,9 +61,10 @@ def mutate(code: str, *subs) -> str:
     return code
 
 
-def run_visible(tmp_path, assignment: str, bugs: dict[str, dict[str, list]]) -> dict[str, str]:
+def run_visible(tmp_path, assignment: str, bugs: dict[str, dict[str, list]], visible=VISIBLE) -> dict[str, str]:
     """Each variant's visible run, ``{name: 'PASSED <seconds>' or 'FAILED <cell> <Error>: <message>'}``:
-    "solution" (untouched) and one per entry of ``bugs`` (``{name: {cell: substitutions}}``)."""
+    "solution" (untouched) and one per entry of ``bugs`` (``{name: {cell: substitutions}}``); ``visible``:
+    the graded cells whose visible part runs (the part before their hidden tests)."""
     base = solution_code(assignment)
     variants = [("solution", base)]
     for name, cells in bugs.items():
@@ -76,10 +77,12 @@ def run_visible(tmp_path, assignment: str, bugs: dict[str, dict[str, list]]) -> 
     vp.write_text(json.dumps(variants))
     runner = tmp_path / "run_visible.py"
     runner.write_text(RUNNER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+               FIB_CACHE_PATH=str(tmp_path / "fib_cache"))
     env.pop("FACOURSE_JUDGE", None)
     env.pop("TRITON_INTERPRET", None)            # the notebook's set-up decides, as in JupyterLab
-    r = subprocess.run([sys.executable, str(runner), str(path), str(vp)], cwd=ROOT / "solutions" / assignment,
+    r = subprocess.run([sys.executable, str(runner), str(path), str(vp), json.dumps(list(visible))],
+                       cwd=ROOT / "solutions" / assignment,
                        env=env, capture_output=True, text=True, timeout=900)
     got = dict(ln.split(" ", 2)[1:] for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
     started = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("START ")]
@@ -88,10 +91,10 @@ def run_visible(tmp_path, assignment: str, bugs: dict[str, dict[str, list]]) -> 
     return got
 
 
-def assert_visible_feedback(tmp_path, assignment: str, bugs: dict, limit_s: float) -> None:
+def assert_visible_feedback(tmp_path, assignment: str, bugs: dict, limit_s: float, visible=VISIBLE) -> None:
     """The solution passes the visible cells within ``limit_s``; each planted bug's first visible
     failure names its cause (``bugs``: ``{name: (cell substitutions, words)}``). All bugs are reported."""
-    got = run_visible(tmp_path, assignment, {name: cells for name, (cells, _) in bugs.items()})
+    got = run_visible(tmp_path, assignment, {name: cells for name, (cells, _) in bugs.items()}, visible)
     sol = got["solution"]
     assert sol.startswith("PASSED") and float(sol.split()[1]) < limit_s, sol
     missed = []
@@ -181,3 +184,13 @@ BUGS_05 = {
 
 def test_05_visible_cells(tmp_path):
     assert_visible_feedback(tmp_path, A5, {name: ({gid: subs}, words) for name, (gid, subs, words) in BUGS_05.items()}, limit_s=45)    # about 20 s on 2 cores
+
+
+# ----------------------------------------------------------------------------- exercise 11
+def test_11_visible_cells(tmp_path):
+    """Exercise 11's visible cells run the checks its hidden tests run (fixed seeds): each mistake the
+    grading test plants (tests/test_exercise_step11.py) fails a visible cell that names it."""
+    from test_exercise_step11 import PLANTED, STEP
+    visible = ("test_definition", "test_definition_reference", "test_traces", "test_routing", "test_fallback")
+    bugs = {name: ({cell: [(old, new)]}, [test, says]) for name, (cell, old, new, test, says) in PLANTED.items()}
+    assert_visible_feedback(tmp_path, STEP, bugs, limit_s=30, visible=visible)
