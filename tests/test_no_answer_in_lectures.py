@@ -12,6 +12,7 @@ import ast
 import functools
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -283,3 +284,85 @@ def test_lecture_12_all_gather_wrapped_as_the_exercise_scores_nothing():
     none of its ring tests may give it a point."""
     scored = {t: v.points for t, v in _lecture_12_verdicts().items() if v.points}
     assert not scored, f"lecture 12's all-gather scored {scored}"
+
+
+# ----------------------------------------------------------------------------- lecture 11 -> exercise 11
+LECTURE_11 = ROOT / "course" / "11_interchangeable_kernels.pct.py"
+EXERCISE_11 = ROOT / "solutions" / "11_interchangeable_kernels" / "11_interchangeable_kernels.pct.py"
+#: What only the attention definition names: exercise 11's part 1 (the lecture defines a softmax instead).
+ATTENTION_SPEC = {"mini_flash_attention_prefill", "gqa_ragged", "seq_q", "seq_kv", "num_heads", "num_kv_heads",
+                  "head_dim"}
+#: facourse.interchange's answers and grader data, and the exercise's deployment pieces: none of them is
+#: called or named by the lecture's code (autograder/scan.py flags the first group in a submission).
+INTERCHANGE_ANSWERS = {"DEFINITION_NAME", "SPEC", "AXES", "INPUTS", "OUTPUTS", "_spec_definition", "_solution_source",
+                       "trace_candidates", "routing_trace_set", "apply_config", "definition_reference_run", "trace",
+                       "check_traces", "check_deployment", "check_routing", "deployed", "COMPILE_ERROR"}
+
+
+def _normalised(line: str) -> str:
+    return " ".join(line.split("#", 1)[0].split())
+
+
+def _lecture_11_code():
+    """The lecture's code cells as one module (markdown cells are comments to ast)."""
+    return ast.parse(LECTURE_11.read_text(encoding="utf-8"))
+
+
+def exercise_11_answer_lines() -> list[str]:
+    """The distinctive lines of exercise 11's solution regions: at least 30 characters of code, not in the
+    exercise's own text outside them (what the notebook gives every student)."""
+    src = EXERCISE_11.read_text(encoding="utf-8")
+    regions = re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", src, re.S)
+    given = " ".join(_normalised(ln) for ln in re.sub(r"### BEGIN SOLUTION\n.*?### END SOLUTION", "", src,
+                                                      flags=re.S).splitlines())
+    lines = {_normalised(ln) for r in regions for ln in r.splitlines() if not ln.strip().startswith(('"""', "'''"))}
+    return sorted(ln for ln in lines if len(ln) >= 30 and ln not in given)
+
+
+def test_lecture_11_holds_no_line_of_exercise_11s_solution():
+    """Exercise 11's answers (the attention Definition's fields and reference, the build-then-trace loop
+    with its COMPILE_ERROR traces, the apply() deployment) appear nowhere in lecture 11, code or prose."""
+    answer = exercise_11_answer_lines()
+    assert len(answer) >= 15, answer            # the regions were found: the test checks something
+    text = " ".join(" ".join(ln.lstrip("# ").split()) for ln in LECTURE_11.read_text(encoding="utf-8").splitlines())
+    found = [ln for ln in answer if ln in text]
+    assert not found, f"lecture 11 holds exercise 11's answer lines: {found}"
+
+
+def test_lecture_11_writes_no_attention_definition():
+    """The lecture shows Definition, Solution, Trace and apply() on a softmax: no Definition in its code is
+    the attention one, and its code names none of the attention definition's axes."""
+    tree = _lecture_11_code()
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    named = {w for s in strings for w in re.findall(r"\w+", s)} & ATTENTION_SPEC
+    assert not named, f"lecture 11's code names the attention definition's {sorted(named)}"
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        func = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        if func == "Definition":
+            kw = {k.arg: k.value for k in call.keywords}
+            assert "name" in kw and isinstance(kw["name"], ast.Constant) and kw["name"].value not in ATTENTION_SPEC, \
+                f"lecture 11, line {call.lineno}: a Definition that may be the exercise's"
+
+
+def test_lecture_11_has_no_trace_solutions_loop_and_no_attention_deployment():
+    """No code of the lecture turns a failed build into a trace (a try around a .build() call, or a
+    COMPILE_ERROR status), traces with facourse.interchange.trace, or deploys with the exercise's pieces
+    (its definition's name, apply_config(), the definition's reference as a fallback)."""
+    tree = _lecture_11_code()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            builds = [c for b in node.body for c in ast.walk(b) if isinstance(c, ast.Call)
+                      and isinstance(c.func, ast.Attribute) and c.func.attr in ("build", "build_reference")]
+            assert not builds, f"lecture 11, line {node.lineno}: a try around a build (exercise 11's trace_solutions)"
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).rsplit(".", 1)[-1])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in INTERCHANGE_ANSWERS:
+            names.add(node.value)
+    assert not names & INTERCHANGE_ANSWERS, f"lecture 11's code names {sorted(names & INTERCHANGE_ANSWERS)}"
+
