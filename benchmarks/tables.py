@@ -30,6 +30,7 @@ PROBE = "2026-11-22_h100_timing_probe.json"
 # their own schema, one file each.
 VARIANTS = ("2026-11-22_h100_step06_v5_variants.json", "2026-11-22_h100_step06_v5_variants_run2.json")
 TILES = "2026-11-22_h100_step05_tiles.json"
+TILELANG = "2026-11-23_h100_step11_tilelang.json"   # gpu_try.py: the TileLang rung's checks, timings, tile sweep
 
 
 def _load(name: str) -> dict:
@@ -70,6 +71,13 @@ def measured() -> dict:
     probe["rows"] = [{**r, "config": _new_name(r["config"])} for r in probe["rows"]]
     out["timing_probe"] = {**probe, "source": f"benchmarks/results/{PROBE}"}
     out["06_v5_variants"] = step06_v5_variants()
+    tl = _load(TILELANG)       # gpu_try.py (step 11's TileLang rung): its own schema; the table tiles' bench rows
+    out["11_tilelang"] = {"source": f"benchmarks/results/{TILELANG}", "env": tl["env"], "timing": tl["timing"],
+                          "reference": tl["reference"], "solution": "tilelang_fa",
+                          "rows": [{"rung": "tilelang_fa", **{k: r[k] for k in ("config", "dtype", "ref_backend", "tflops",
+                                                                                  "tflops_ref", "ratio")}}
+                                   for r in tl["rows"] if r["kind"] == "bench" and r.get("tiles") == "table"
+                                   and r.get("layout", "bhsd") == "bhsd" and "ratio" in r]}
     traces = sorted(RESULTS.glob("*_step11_traces.json"))
     if traces:                 # benchmarks/traces.py: its own schema (traces and apply()'s choices)
         d = json.loads(traces[-1].read_text())

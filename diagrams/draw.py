@@ -561,20 +561,11 @@ def timer_window(out):
 
 
 # --- 11. which backend wins where (step 11, drawn from the committed H100 measurements) -------
-#: The four solution kernels of step 11's traces: (name in the traces, label, its ladder's results file pattern).
-_BACKENDS = (("triton", "Triton\nstep 05", "*_h100_step05.json"),
-             ("cuda", "CUDA\nmma.sync\nstep 06", "*_h100_step06_ladder.json"),
-             ("hopper", "CUDA\nTMA, WGMMA\nstep 07", "*_h100_step07.json"),
-             ("tilelang", "TileLang\nstep 11", "*_h100_step11_tilelang.json"))
+#: The four solution kernels of step 11's traces: (name in the traces, label, their results in measured.json).
+_BACKENDS = (("triton", "Triton\nstep 05", "05"), ("cuda", "CUDA\nmma.sync\nstep 06", "06"),
+             ("hopper", "CUDA\nTMA, WGMMA\nstep 07", "07"), ("tilelang", "TileLang\nstep 11", "11_tilelang"))
 _HEAT_ROWS = ("small", "medium", "large", "noncausal", "asymmetric", "long", "causal_4k", "causal_8k", "causal_16k",
               "noncausal_4k", "noncausal_8k", "noncausal_16k")
-
-
-def _latest(results_dir, pattern):
-    import glob
-
-    found = sorted(glob.glob(os.path.join(results_dir, pattern)))
-    return found[-1] if found else None
 
 
 def _median(xs):
@@ -590,28 +581,25 @@ def backend_heatmap(out):
     definition, q, k, v in [batch, seq, heads, dim], traced in one run: speedup_factor = t_SDPA / t_solution
     on the same shape and seed; the cell apply() routed each workload to is framed, the one fastest when
     all were timed again is marked with a dot. Right: each kernel in the course's own layout [B, H, S, D],
-    from its own step's ladder run (the solution rung, t_FA2 / t_kernel paired in the same rounds, the
-    median where a configuration was paired twice), with TFLOP/s under the ratio. A blank cell was not
-    measured. On `asymmetric` (Sq 128, Skv 2048, causal) SDPA's flash backend has no bottom-right causal
-    mask: its reference is the memory-efficient backend with PyTorch's lower-right causal bias.
+    from its own step's run (the solution rung, t_FA2 / t_kernel paired in the same rounds, the median
+    where a configuration was paired twice), with TFLOP/s under the ratio. A blank cell was not measured.
+    On `asymmetric` (Sq 128, Skv 2048, causal) SDPA's flash backend has no bottom-right causal mask: its
+    reference is the memory-efficient backend with PyTorch's lower-right causal bias.
 
-    Reads benchmarks/results/ (the instructors' files, which the student archive leaves out): without
-    them the committed figure is kept (returns None).
+    Reads course/results/measured.json (benchmarks/tables.py writes it from the committed results; it
+    ships with the student archive); without step 11's entries the committed figure is kept (None).
     """
     import json
 
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
-    results_dir = os.path.join(HERE, "..", "benchmarks", "results")
-    traces_path = _latest(results_dir, "*_h100_step11_traces.json")
-    ladder_paths = {name: _latest(results_dir, pat) for name, _, pat in _BACKENDS}
-    if traces_path is None or None in ladder_paths.values():
-        print(f"backend_heatmap: the H100 results are not in {os.path.normpath(results_dir)}; "
-              "the committed figure is kept")
+    measured = os.path.join(HERE, "..", "course", "results", "measured.json")
+    m = json.load(open(measured)) if os.path.exists(measured) else {}
+    tr = m.get("11_traces")
+    if tr is None or any(m.get(key) is None for _, _, key in _BACKENDS):
+        print("backend_heatmap: course/results/measured.json has no step-11 results; the committed figure is kept")
         return None
-    with open(traces_path) as f:
-        tr = json.load(f)
     names = [n for n, _, _ in _BACKENDS]
     left_rows = list(dict.fromkeys(r["workload"] for r in tr["traces"]))
     left = np.full((len(left_rows), len(names)), np.nan)
@@ -624,14 +612,11 @@ def backend_heatmap(out):
     right = np.full((len(_HEAT_ROWS), len(names)), np.nan)
     tflops = np.full_like(right, np.nan)
     dates = {}
-    for j, name in enumerate(names):
-        with open(ladder_paths[name]) as f:
-            d = json.load(f)
+    for j, (name, _, key) in enumerate(_BACKENDS):
+        d = m[key]
         dates[name] = d["env"]["date"]
-        sol = d.get("solution")                          # the tilelang file has one kernel and no rungs
-        rows = [r for r in d["rows"] if r.get("kind") == "bench" and r.get("dtype") == "float16"
-                and (sol is None or r.get("rung") == sol) and r.get("tiles", "table") == "table"
-                and not r["ref_backend"].startswith("CUDNN")]
+        rows = [r for r in d["rows"] if r.get("dtype") == "float16" and r.get("rung") == d["solution"]
+                and r.get("mode") is None and not r["ref_backend"].startswith("CUDNN")]
         for i, cfg in enumerate(_HEAT_ROWS):
             rs = [r for r in rows if r["config"] == cfg]
             if rs:
