@@ -598,11 +598,13 @@ _TRACE_HINTS = {
 
 def trace_candidates(*, seed: int):
     """The solutions :func:`check_traces` hands to a student's tracing function: ``(solutions, roles)``
-    with ``roles`` ``{solution name: role}`` (names drawn from ``seed``, so that a name says nothing)."""
+    with ``roles`` ``{solution name: role}`` (names drawn from ``seed``, and one description for all, so
+    that neither says which candidate is which: only building and running them does)."""
     fib = _fib()
     rng = random.Random(f"facourse.interchange.traces:{seed}")
     solutions, roles = [], {}
-    for role, (doc, align, _) in _TRACE_ROLES.items():
+    doc = "A candidate of facourse's tracing check."
+    for role, (_, align, _) in _TRACE_ROLES.items():
         name = f"sol_{rng.getrandbits(32):08x}"
         roles[name] = role
         if role == "raises":
@@ -610,7 +612,7 @@ def trace_candidates(*, seed: int):
         elif role == "unbuildable":
             source = f'"""{doc}"""\n\n\ndef run(q, k, v, causal)\n    return q\n'
         else:
-            source = _solution_source(f"A candidate of facourse's tracing check: {doc}.", None, align)
+            source = _solution_source(doc, None, align)
         solutions.append(fib.Solution(
             name=name, definition=DEFINITION_NAME, author="facourse.interchange",
             spec=fib.BuildSpec(language="python", target_hardware=["cpu", "cuda"], entry_point="main.py::run",

@@ -290,18 +290,20 @@ def flash_attention_tilelang(q, k, v, causal=False, scale=None):
                                   f"{q.device}. hopper_source() shows its code on a CPU")
     B, Hq, Sq, D = q.shape
     Skv = k.shape[2]
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    bshd = D in BSHD_DIMS and _bshd_storage(q, k, v)
+    o = torch.empty((B, Sq, Hq, D) if bshd else (B, Hq, Sq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    if bshd:
+        o = o.transpose(1, 2)                     # [B, Hq, Sq, D], a view of [B, Sq, Hq, D] storage
     if Sq == 0 or B == 0:
         return o, lse
     if Skv == 0:                                  # no key at all: every row is empty
         return o.zero_(), lse.fill_(float("-inf"))
     qk_scale = default_scale(D, scale) * LOG2E
-    if D in BSHD_DIMS and _bshd_storage(q, k, v):
-        o = torch.empty((B, Sq, Hq, D), dtype=q.dtype, device=q.device)
+    if bshd:
         kernel = compile_kernel(DTYPES[q.dtype], D, bool(causal), pick_tiles(D), "bshd")
-        kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o, lse, qk_scale)
-        return o.transpose(1, 2), lse
+        kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o.transpose(1, 2), lse, qk_scale)
+        return o, lse
     kernel = compile_kernel(DTYPES[q.dtype], D, bool(causal), pick_tiles(D))
     kernel(_tma_ready(q), _tma_ready(k), _tma_ready(v), o, lse, qk_scale)
     return o, lse
