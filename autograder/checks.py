@@ -23,6 +23,7 @@ from facourse.decode import check_paged_bad_inputs, check_paged_decode
 from facourse.interchange import (check_definition, check_definition_reference, check_routing,
                                   check_traces)
 from facourse.ring import check_merge_partials, check_ring
+from facourse.tilelang_kernels import check_tilelang_cpu
 from facourse.variants import check_block_mask, check_perf_variant, check_tile_lists, check_variant
 
 from .guards import check_no_caching
@@ -169,7 +170,13 @@ def routing(fn, *, seed, device, workloads):
     check_routing(fn, seed=seed, workloads=tuple(workloads))
 
 
+def tilelang_cpu(fn, *, seed, device, cases):
+    """The TileLang program on the CPU stand-in (on CPU tensors on any grading machine, GPU or not)."""
+    check_tilelang_cpu(fn, seed=seed, cases=cases)
+
+
 CHECKS = {f.__name__: f for f in (entry_point, no_caching, all_configs, softmax, merge, padded_strides,
                                   tile_skipping, perf_correctness, gradients, gradcheck, perf_gradients,
                                   paged, paged_bad_inputs, variant, block_mask, tile_lists, perf_variant,
-                                  ring, ring_merge, definition, definition_reference, traces, routing)}
+                                  ring, ring_merge, definition, definition_reference, traces, routing,
+                                  tilelang_cpu)}

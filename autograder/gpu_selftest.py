@@ -23,8 +23,12 @@ the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same pa
 6. step 10: the exercise's solution (ladder/v3_block_mask.py loads its cells) on every test of the
    plan, the tuned solution on the perf tests, and a kernel that ignores the block mask it is given
    (it loses the tile-lists test).
+7. step 11 (H100/H200 only; needs tilelang and flashinfer-bench: tools/carry_tilelang.py): the
+   exercise's TileLang program (its notebook cells) on the TileLang tests of the plan, on the CPU
+   stand-in and compiled by TileLang on the GPU, perf included; the same program with top-left causal
+   loses the GPU correctness test, whose message names it.
 
-`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05-10 may be named).
+`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05-11 may be named).
 
 Prints a table, writes ``$OUT/gpu_selftest.json`` (OUT defaults to ./out) and exits 1 when any
 verdict is not the expected one.
@@ -42,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None) -> int:
-    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08", "09", "10"}
+    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08", "09", "10", "11"}
     if not torch.cuda.is_available():
         print("No GPU here: this self-test runs on the GPU grading machine.")
         return 0
@@ -75,6 +79,8 @@ def main(argv=None) -> int:
         _step09(expect, J)
     if "10" in parts:
         _step10(expect, J)
+    if "11" in parts:
+        _step11(expect, J)
     if parts & {"06", "07"}:
         _steps06_07(expect, J, parts)
     out = Path(os.environ.get("OUT", "out"))
@@ -245,6 +251,36 @@ def _step10(expect, J):
 
     expect("step 10 ignores block_mask", J.run_inprocess(step10, own_lists, ["test_tile_lists"]),
            lambda t, v: v.points == 0 and "not of the block mask" in v.message)
+
+
+def _step11(expect, J):
+    """Exercise 11's TileLang program on its TileLang tests (its other tests are CPU-only and graded in
+    CI); its kernels compiled first, in parallel (TileLang builds each with nvcc)."""
+    import concurrent.futures as cf
+    import inspect
+    import linecache
+
+    from facourse import has_sm90a
+    from facourse.steps import exercise_module
+    from facourse.tilelang_kernels import TILES, compile_program
+
+    if not has_sm90a():
+        print(f"step 11 skipped: it needs an H100/H200 (sm_90a), this is {torch.cuda.get_device_name()}")
+        return
+    step11 = "11_interchangeable_kernels"
+    program = exercise_module("11", ("setup", "tilelang_program")).flash_attention_program
+    builds = [(dt, D, c, TILES[D]) for dt in ("float16", "bfloat16") for D in (64, 128) for c in (True, False)]
+    with cf.ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda b: compile_program(program, *b), builds))
+    tests = [t for t in J.plan_of(step11) if t.startswith(("test_tilelang", "perf_"))]
+    expect("step 11 TileLang solution", J.run_inprocess(step11, program, tests), _full_marks)
+    src = inspect.getsource(program).replace("off = Skv - Sq ", "off = 0 ")
+    name = "<step 11 top-left>"                 # TileLang reads the prim_func's source back: linecache has it
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    scope = dict(program.__globals__)
+    exec(compile(src, name, "exec", dont_inherit=True), scope)  # noqa: S102
+    expect("step 11 top-left causal", J.run_inprocess(step11, scope["flash_attention_program"], ["test_tilelang_gpu"]),
+           lambda t, v: v.points == 0 and "top-left" in v.message)
 
 
 def _hopper_solution(step: Path):

@@ -127,6 +127,9 @@ def _interchange(fn, what: str, seed: int):
         return lambda *args: [fx.as_json(t) for t in fn(*args)]
     if what == "deploy":
         return fx.deployed(fn, seed=seed)
+    if what == "tilelang":
+        from facourse.tilelang_kernels import run_attention
+        return functools.partial(run_attention, fn)
     raise ValueError(f"unknown interchange wrapper {what!r}")
 
 
@@ -168,7 +171,8 @@ def judge(test: str, fn) -> None:
                 conn.ask({"op": "kernel_error", "test": test, "check": i, "message": moved})
                 break
             if spec.get("perf"):
-                _measure(fn, spec["perf"], conn, test)
+                timed = _interchange(fn, spec["interchange"], spec["seed"]) if spec.get("interchange") else fn
+                _measure(timed, spec["perf"], conn, test)
         verdict = conn.ask({"op": "close", "test": test})
     finally:
         conn.close()

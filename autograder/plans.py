@@ -27,7 +27,10 @@ by name, with their keyword arguments; the judge adds a fresh secret seed to eac
   check sees it (``facourse.interchange``): ``"definition"`` (``make_definition()`` as JSON text),
   ``"reference"`` (the ``run`` of that definition's reference source), ``"traces"`` (the list
   ``trace_solutions`` returns, as JSON texts), ``"deploy"`` (the attention that ``deploy(root)``
-  gives on the routing trace set of the check's seed, deployed at its first call).
+  gives on the routing trace set of the check's seed, deployed at its first call), ``"tilelang"``
+  (the TileLang program as an attention function: ``facourse.tilelang_kernels.run_attention`` bound to
+  it, which runs it on the CPU stand-in for CPU tensors and compiled by TileLang for GPU ones; the perf
+  tests time that function too).
 
 A test passes when every check passes in the judge; a perf test then earns what
 ``thresholds.toml`` gives its measured ratio. Tests are all-or-nothing otherwise.
@@ -35,7 +38,7 @@ A test passes when every check passes in the judge; a perf test then earns what
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,8 @@ def _step12() -> dict[str, Test]:
 
 
 def _step11() -> dict[str, Test]:
+    guard = {"allow_softmax": False}
+
     def t(check, what):
         return Test((Check(check),), interchange=what)
 
@@ -299,6 +304,15 @@ def _step11() -> dict[str, Test]:
         "test_traces": t("traces", "traces"),
         "test_routing": Test((Check("routing", {"workloads": ["A", "B"]}),), interchange="deploy"),
         "test_fallback": Test((Check("routing", {"workloads": ["C"]}),), interchange="deploy"),
+        # the TileLang program: on the CPU stand-in (any grading machine), then compiled on an H100/H200
+        "test_tilelang_causal": Test((Check("tilelang_cpu", {"cases": "causal"}),), guard=guard,
+                                     interchange="tilelang"),
+        "test_tilelang_other": Test((Check("tilelang_cpu", {"cases": "other"}),), guard=guard,
+                                    interchange="tilelang"),
+        "test_tilelang_gpu": Test((Check("all_configs", {"dtypes": ["float16", "bfloat16"], "expect_lse": True}),),
+                                  guard=guard, needs="sm90a", interchange="tilelang"),
+        **{name: replace(t, interchange="tilelang")
+           for name, t in _perf("11_interchangeable_kernels", [9, 0], "sm90a").items()},
     }
 
 

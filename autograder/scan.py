@@ -54,6 +54,10 @@ FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_atten
 # definition is for an instructor to look at.
 INTERCHANGE_ANSWERS = re.compile(r"\b(?:_spec_definition|SPEC|AXES|INPUTS|OUTPUTS|_solution_source|_routing_\w+|"
                                  r"_TRACE_\w+|trace_candidates|routing_trace_set)\b")
+# Step 11's TileLang program: on the CPU it runs on facourse.tilelang_cpu, whose buffers hold NumPy arrays;
+# a program that reaches them (or the stand-in's internals) computes outside the language, which only the
+# GPU tests (TileLang's compiler) would refuse: for an instructor to look at.
+TILELANG_STAND_IN = re.compile(r"\.arr\b|\btilelang_cpu\b|\b_(?:Global|Buf|Region|Launch|LAUNCHES)\b")
 CUDA_TAMPER = re.compile(r"Python\.h|pybind11|\bPy[A-Z_][A-Za-z_]*\s*\(|\bdlopen\b|\bdlsym\b|\bsystem\s*\(|"
                          r"\bpopen\s*\(|\bfork\s*\(|\bexecv|\bexecl|\bgetenv\s*\(|\bfopen\s*\(")
 
@@ -257,6 +261,10 @@ def scan_source(source: str, where: str) -> list[Flag]:
         if m and not ln.lstrip().startswith("#"):
             flags.append(Flag("review", f"{where}, line {n}", f"uses facourse.interchange's own spec or grader data "
                                                                f"({m.group(0)}) instead of writing it", ln))
+        m = TILELANG_STAND_IN.search(ln)
+        if m and not ln.lstrip().startswith("#"):
+            flags.append(Flag("review", f"{where}, line {n}", f"reaches into the CPU stand-in of TileLang "
+                                                               f"({m.group(0)}) instead of using its language", ln))
     return flags
 
 

@@ -227,18 +227,17 @@ print(f"{Mq // 64} programs x {Nk // 64} key tiles; max |m - rowmax(Q K^T)| =",
       float((m_t - (q_t @ k_t.T).amax(-1)).abs().max()))
 
 # %% [markdown]
-# The same tile in **TileLang** and in **CUDA C++** (on `mma.sync`, sm_80), as source text: TileLang is
-# not a dependency of this course (its kernels run on a GPU, compiled by CUDA's `nvcc`), and a CUDA
-# kernel needs a GPU too. The
+# The same tile in **TileLang** and in **CUDA C++** (on `mma.sync`, sm_80). TileLang is not a student
+# dependency of this course (its kernels run on a GPU, compiled by CUDA's `nvcc`), so the TileLang
+# program is written as a function of its language module `T`: on a GPU it is given
+# `tilelang.language` and compiled; below, on this CPU, it is given `facourse.tilelang_cpu`, the
+# course's stand-in, which runs the same program on NumPy arrays, one block after another (exercise 11
+# grades your TileLang program on it). A CUDA kernel needs a GPU. The
 # CUDA version calls small device functions in the style of lecture 06 (`ldmatrix_x4`, `mma_m16n8k16`,
 # a cp.async tile copy) whose bodies are not shown; everything else a CUDA programmer writes is there.
 
 # %%
-TILELANG_SRC = '''import tilelang
-import tilelang.language as T
-
-
-def rowmax_qk(M, N, D, BLOCK_M=128, BLOCK_N=64, dtype="float16"):
+TILELANG_SRC = '''def rowmax_program(T, M, N, D, BLOCK_M=128, BLOCK_N=64, dtype="float16"):
     @T.prim_func
     def kernel(Q: T.Tensor((M, D), dtype), K: T.Tensor((N, D), dtype),
                M_out: T.Tensor((M,), "float32")):
@@ -247,16 +246,18 @@ def rowmax_qk(M, N, D, BLOCK_M=128, BLOCK_N=64, dtype="float16"):
             k_s = T.alloc_shared((BLOCK_N, D), dtype)
             s = T.alloc_fragment((BLOCK_M, BLOCK_N), "float32")    # registers
             m = T.alloc_fragment((BLOCK_M,), "float32")
-            T.copy(Q[i * BLOCK_M, 0], q_s)                         # TMA on Hopper
+            T.copy(Q[i * BLOCK_M:(i + 1) * BLOCK_M, :], q_s)        # TMA on Hopper
             T.fill(m, -T.infinity("float32"))
             for j in T.Pipelined(N // BLOCK_N, num_stages=2):      # K_j+1 loads during S_j
-                T.copy(K[j * BLOCK_N, 0], k_s)
+                T.copy(K[j * BLOCK_N:(j + 1) * BLOCK_N, :], k_s)
                 T.gemm(q_s, k_s, s, transpose_B=True,              # S = Q_i K_j^T:
                        clear_accum=True)                           #   WGMMA on Hopper
                 T.reduce_max(s, m, dim=1, clear=False)             # m = max(m, rowmax(S))
-            T.copy(m, M_out[i * BLOCK_M])
+            T.copy(m, M_out[i * BLOCK_M:(i + 1) * BLOCK_M])
 
-    return tilelang.compile(kernel)
+    return kernel
+
+# on a GPU: tilelang.compile(rowmax_program(tilelang.language, M, N, D))
 '''
 
 CUDA_SRC = '''// sm_80+: BLOCK_M 64 (4 warps x 16 rows), BLOCK_N 64, D 128, fp16
@@ -315,6 +316,20 @@ def side_by_side(columns):
 display(side_by_side([("Triton", TRITON_SRC), ("TileLang", TILELANG_SRC), ("CUDA C++, sm_80", CUDA_SRC)]))
 
 # %% [markdown]
+# The TileLang column, run: its program given the CPU stand-in (16-row tiles here: it runs one element at
+# a time), on the same $Q$ and $K$ as the Triton tile above.
+
+# %%
+from facourse import tilelang_cpu
+
+tl_scope = {}
+exec(TILELANG_SRC, tl_scope)                     # defines rowmax_program(T, M, N, D, ...)
+m_tl = torch.empty(Mq)
+tl_scope["rowmax_program"](tilelang_cpu, Mq, Nk, Dh, BLOCK_M=16, BLOCK_N=16, dtype="float32")(q_t, k_t, m_tl)
+print(f"{Mq // 16} blocks x {Nk // 16} key tiles on the stand-in; max |m - rowmax(Q K^T)| =",
+      float((m_tl - (q_t @ k_t.T).amax(-1)).abs().max()))
+
+# %% [markdown]
 # The three compute the same thing; they differ in who decides how.
 #
 # | | Triton | TileLang | CUDA C++ |
@@ -349,8 +364,8 @@ display(side_by_side([("Triton", TRITON_SRC), ("TileLang", TILELANG_SRC), ("CUDA
 # ## 4. The course's TileLang FlashAttention
 #
 # The ladder of step 11 holds the course's FlashAttention-2 forward in TileLang for Hopper
-# (`solutions/11_interchangeable_kernels/ladder/tilelang_fa.py`; writing one is a later exercise, so its
-# code is not shown here). Its structure, in the terms of sections 3 and lecture 07:
+# (`solutions/11_interchangeable_kernels/ladder/tilelang_fa.py`; writing one is part 4 of this step's
+# exercise, so its code is not shown here). Its structure, in the terms of sections 3 and lecture 07:
 #
 # - one block per (query tile of $B_r = 128$ rows, query head, batch); key/value tiles of $B_c = 128$ rows;
 # - **two consumer warpgroups** (256 threads), each owning 64 query rows: $S = Q_i K_j^\top$ is one WGMMA of

@@ -1,12 +1,15 @@
-"""Step 11, interchangeable kernels: the exercise's FlashInfer-Bench half as it is graded (CPU tier).
+"""Step 11, interchangeable kernels: the exercise as it is graded (CPU tier).
 
-The exercise's solution, put into the released notebook, scores all 30 points through nbgrader
-(``GRADING``, graded by tests/test_exercise_grading.py in one autograde run with the other steps'); the
-untouched stub scores 0 (through the judge, in one process). Each mistake planted in the solution loses
-the points of a test whose message names it: an axis of the wrong kind, a reference with PyTorch's
-top-left causal, tracing that stops at a solution that does not build or skips it, a router that sends
-a shape to the fastest solution although its trace failed, an unknown shape sent to the solution that
-wins most shapes, and no fallback.
+The exercise's solution, put into the released notebook, scores the 40 points of its CPU tests through
+nbgrader (``GRADING``, graded by tests/test_exercise_grading.py in one autograde run with the other
+steps'), and 0 of the 10 its GPU tests hold, each saying there is no GPU; the untouched stub scores 0
+(through the judge, in one process). Each mistake planted in the solution loses the points of a test
+whose message names it: an axis of the wrong kind, a reference with PyTorch's top-left causal, tracing
+that stops at a solution that does not build or skips it, a router that sends a shape to the fastest
+solution although its trace failed, an unknown shape sent to the solution that wins most shapes, no
+fallback; and in the TileLang program, run on the CPU stand-in: top-left causal, rows that see no key
+divided by their zero sum, the LSE stored past Sq, O not rescaled when the row max grows, and keys
+past Skv left unmasked in a non-causal call.
 """
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solu
 
 STEP = "11_interchangeable_kernels"
 
-# through nbgrader, the solution scores all 30 points (every test runs on a CPU); the stub, in process, 0
-GRADING = solution_and_stub(STEP, 30, set(), 0, stub=False)
+# through nbgrader, the solution scores the 40 points of the CPU tests (the GPU tests' 10: 0, no GPU here);
+# the stub, in process, 0
+GPU_ONLY = {"test_tilelang_gpu", "perf_large", "perf_long"}
+GRADING = solution_and_stub(STEP, 50, GPU_ONLY, 10, stub=False)
 
 _BUILD = """        try:
             run = registry.build(definition, solution)
@@ -61,11 +66,21 @@ PLANTED = {
     "miss_to_def_best": ("deploy", "fx.apply_config()", 'fx.apply_config(on_miss_policy="use_def_best")',
                          "test_fallback", "an unknown shape must go to the fallback"),
     "no_fallback": ("deploy", "fallback=fallback)", ")", "test_fallback", "pass fallback=... to apply()"),
+    "tilelang_top_left": ("tilelang_program", "off = Skv - Sq ", "off = 0 ", "test_tilelang_causal", "top-left"),
+    "tilelang_empty_rows_nan": ("tilelang_program", "T.if_then_else(l[r] > 0, o[r, c] / l[r], 0)",
+                                "o[r, c] / l[r]", "test_tilelang_causal", "NaN"),
+    "tilelang_lse_past_sq": ("tilelang_program", "                if row0 + r < Sq:\n                    LSE",
+                             "                if True:\n                    LSE", "test_tilelang_causal", "out of bounds"),
+    "tilelang_no_rescale": ("tilelang_program", "o[r, c] *= alpha[r]", "o[r, c] *= 1.0", "test_tilelang_causal",
+                            "rescale"),
+    "tilelang_keys_past_skv": ("tilelang_program", "if causal else key < Skv", "if causal else True",
+                               "test_tilelang_other", "[tilelang_noncausal"),
 }
 
 
 def test_stub_scores_nothing(tmp_path):
-    assert_stub_scores_nothing(tmp_path, STEP, ("setup", "solution_example"), solution_points=30)
+    assert_stub_scores_nothing(tmp_path, STEP, ("setup", "solution_example"), solution_points=40,
+                               gpu_only=GPU_ONLY)
 
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):

@@ -3,18 +3,22 @@
 * The kernel's tile schedule (tilelang_fa.tile_range: which K/V tiles a query tile loads, which it
   masks) covers every visible key and leaves the mask off only on tiles wholly visible and inside
   Skv, for ragged lengths, Sq > Skv and Sq < Skv, causal or not (plain Python, no tilelang).
-* The kernel's algorithm, tile by tile in float64 PyTorch with that schedule (the loop, the mask, the
-  exp2 with the folded scale, the -inf guard of rows that have seen no key, the epilogue's o = 0 and
-  lse = -inf), equals the reference on the edge cases and two more ragged causal shapes (no tilelang).
-* With tilelang installed (it is not a course dependency yet: `pip install tilelang==0.1.15`): the
-  kernel lowers for sm_90a without a GPU, for D = 64 and 128, causal and not, fp16 and bf16, and the
+* The kernel's own program on the CPU stand-in of TileLang (facourse.tilelang_cpu), with the three CPU
+  tile shapes, on exercise 11's CPU cases and two more (D = 64 and 128), fp16 and fp32, equals the
+  reference; the same program with top-left causal fails the course's check, which names it.
+* The stand-in itself: T.copy zero-fills a box past the tensor's end and clips a store there, an
+  element write out of bounds raises, sizes bound from the shapes must agree, no bfloat16, and an
+  operation it has not got says so.
+* With tilelang installed (the `dev` extra has it, so CI does; students install it for step 11's GPU
+  tests): the kernel, and exercise 11's solution program, lower for sm_90a without a GPU, for D = 64 and
+  128, causal and not, fp16 and bf16, and the
   CUDA source is Hopper's: TMA loads and store, WGMMA (S = Q K^T from shared memory, P V with P from
   registers), mbarriers, a producer warpgroup handing registers to the consumers (setmaxnreg); where
   nvcc and cuobjdump are at hand, one kernel is built and its SASS read (HGMMA, UTMALDG, no spills).
   Skipped, with the reason, where tilelang is not importable.
 """
-from __future__ import annotations
 
+import functools
 import glob
 import importlib.util
 import math
@@ -30,12 +34,13 @@ from conftest import ROOT, load_module
 LADDER = ROOT / "solutions" / "11_interchangeable_kernels" / "ladder"
 fa = load_module(LADDER / "tilelang_fa.py", "step11_tilelang_fa")
 
-from facourse.configs import EDGE_CASES, AttnConfig, make_inputs  # noqa: E402
+from facourse import tilelang_kernels as tk  # noqa: E402
+from facourse.configs import AttnConfig, make_inputs  # noqa: E402
 from facourse.reference import reference_attention  # noqa: E402
 
 HAVE_TILELANG = importlib.util.find_spec("tilelang") is not None
 needs_tilelang = pytest.mark.skipif(
-    not HAVE_TILELANG, reason="tilelang is not installed (not a course dependency yet): "
+    not HAVE_TILELANG, reason="tilelang is not installed (pyproject's `tilelang` extra, in `dev`): "
     "pip install tilelang==0.1.15, or put tools/carry_tilelang.py's unpacked archive on PYTHONPATH")
 
 
@@ -64,72 +69,87 @@ def test_tile_range_covers_visible_keys_and_masks_what_it_must(causal):
                         assert (t + 1) * BN - 1 <= row0 + Skv - Sq, f"{where}: tile {t} crosses the diagonal unmasked"
 
 
-def _tiled_forward(q, k, v, causal, scale, BM, BN):
-    """The kernel's arithmetic, one program (query tile) at a time, in float64 with its schedule."""
-    B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    c = scale * fa.LOG2E
-    q, k, v = (t.double() for t in (q, k, v))
-    o = torch.full((B, Hq, Sq, D), float("nan"), dtype=torch.float64)
-    lse = torch.full((B, Hq, Sq), float("nan"), dtype=torch.float64)
-    inf = float("inf")
-
-    def tile(x, start, n):                  # TMA: rows past the end read as zeros
-        out = torch.zeros(n, D, dtype=torch.float64)
-        part = x[start:start + n]
-        out[:part.shape[0]] = part
-        return out
-
-    for b in range(B):
-        for h in range(Hq):
-            kvh = h // (Hq // Hkv)
-            for row0 in range(0, Sq, BM):
-                n_end, n_full = fa.tile_range(row0, Sq, Skv, causal, BM, BN)
-                qt = tile(q[b, h], row0, BM)
-                m = torch.full((BM,), -inf, dtype=torch.float64)
-                l = torch.zeros(BM, dtype=torch.float64)
-                acc = torch.zeros(BM, D, dtype=torch.float64)
-                rows = torch.arange(row0, row0 + BM)[:, None]
-                for j in range(n_end):
-                    s = qt @ tile(k[b, kvh], j * BN, BN).T
-                    if j >= n_full:
-                        keys = torch.arange(j * BN, j * BN + BN)[None, :]
-                        ok = keys < Skv
-                        if causal:
-                            ok = ok & (keys <= rows + Skv - Sq)
-                        s = s.masked_fill(~ok, -inf)
-                    m_prev, m = m, torch.maximum(m, s.amax(dim=1))
-                    m_c = torch.where(m == -inf, torch.zeros_like(m), m * c)
-                    alpha = torch.exp2(m_prev * c - m_c)
-                    p = torch.exp2(s * c - m_c[:, None])
-                    l = l * alpha + p.sum(dim=1)
-                    acc = acc * alpha[:, None] + p @ tile(v[b, kvh], j * BN, BN)
-                safe_l = torch.where(l > 0, l, torch.ones_like(l))
-                ot = torch.where(l[:, None] > 0, acc / safe_l[:, None], torch.zeros_like(acc))
-                lt = torch.where(l > 0, m * c * fa.LN2 + torch.log(safe_l), torch.full_like(l, -inf))
-                n = min(BM, Sq - row0)
-                o[b, h, row0:row0 + n] = ot[:n]
-                lse[b, h, row0:row0 + n] = lt[:n]
-    return o, lse
+def _program(T, dtype, D, causal, tiles):
+    return fa.fa_forward_program(T, dtype, D, causal, tiles)
 
 
-CASES = {**EDGE_CASES, "short_q": AttnConfig("short_q", 1, 2, 1, 130, 300, 64, True),
-         "long_q": AttnConfig("long_q", 1, 2, 2, 390, 129, 64, True)}
+CASES = [c for group in tk.CPU_CASES.values() for c in group]
+CASES += [AttnConfig("d64_ragged", 1, 2, 1, 45, 70, 64, True), AttnConfig("d128_noncausal", 1, 2, 2, 20, 37, 128, False)]
 
 
-@pytest.mark.parametrize("tiles", [(128, 128), (128, 64)], ids=["128x128", "128x64"])
-@pytest.mark.parametrize("name", list(CASES))
-def test_tiled_algorithm_matches_reference(name, tiles):
-    cfg = CASES[name]
-    q, k, v = make_inputs(cfg, seed=3, device="cpu", dtype=torch.float16, layout="bhsd")
-    scale = 1.0 / math.sqrt(cfg.D)
-    o, lse = _tiled_forward(q, k, v, cfg.causal, scale, *tiles)
-    ref, ref_lse = reference_attention(q, k, v, cfg.causal, dtype=torch.float64)
-    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), "a row was never written"
-    torch.testing.assert_close(o, ref, rtol=1e-9, atol=1e-9)
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse = -inf exactly on the rows that see no key"
-    fin = torch.isfinite(ref_lse)
-    torch.testing.assert_close(lse[fin], ref_lse.double()[fin], rtol=1e-6, atol=1e-6)
+@pytest.mark.parametrize("tiles", tk.CPU_TILES, ids=lambda t: f"{t.block_m}x{t.block_n}")
+def test_program_runs_right_on_the_cpu_stand_in(tiles):
+    """The kernel's own program (not a copy of its arithmetic) on facourse.tilelang_cpu, fp16 and fp32,
+    against the reference in float64: every row written, lse -inf exactly on the rows with no key."""
+    for i, cfg in enumerate(CASES):
+        dtype = (torch.float16, torch.float32)[i % 2]
+        q, k, v = make_inputs(cfg, seed=i, device="cpu", dtype=dtype, layout="bshd")
+        o, lse = tk.run_attention(_program, q, k, v, cfg.causal, tiles=tiles)
+        ref, ref_lse = reference_attention(q, k, v, cfg.causal, dtype=torch.float64)
+        assert not torch.isnan(o).any() and not torch.isnan(lse).any(), f"{cfg.name}: a row was never written"
+        tol = 2e-3 if dtype == torch.float16 else 1e-5
+        torch.testing.assert_close(o.double(), ref, rtol=tol, atol=tol, msg=cfg.name)
+        assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), cfg.name
+        fin = torch.isfinite(ref_lse)
+        torch.testing.assert_close(lse[fin].double(), ref_lse.double()[fin], rtol=1e-5, atol=1e-4, msg=cfg.name)
+
+
+def test_a_planted_top_left_mask_is_caught_on_the_stand_in(monkeypatch):
+    """The stand-in runs what the program says: the same program with top-left causal (the mask and the
+    loop bound both lose Skv - Sq) is wrong where Sq != Skv, and the course's check names it."""
+    import inspect
+
+    from facourse.check import AttentionCheckError
+
+    src = inspect.getsource(fa.fa_forward_program)
+    assert "off = Skv - Sq" in src and "n_end, n_full = tile_range(row0, Sq, Skv," in src
+    src = src.replace("off = Skv - Sq", "off = 0").replace("n_end, n_full = tile_range(row0, Sq, Skv,", "n_end, n_full = tile_range(row0 - (Skv - Sq), Sq, Skv,")
+    scope = dict(vars(fa))
+    exec(compile(src, "<top-left fa_forward_program>", "exec"), scope)
+    with pytest.raises(AttentionCheckError, match="top-left"):
+        tk.check_tilelang_cpu(functools.partial(tk.run_attention, lambda T, *a: scope["fa_forward_program"](T, *a)),
+                              seed=5, cases="causal", verbose=False)
+
+
+# ----------------------------------------------------------------------------- the CPU stand-in itself
+def _copy_program(T, dtype, D, causal, tiles):
+    S = T.dynamic("S")
+    BM = tiles.block_m
+
+    @T.prim_func
+    def kernel(X: T.Tensor([S, D], dtype), Y: T.Tensor([S, D], dtype), Z: T.Tensor([S], "float32")):
+        with T.Kernel(T.ceildiv(S, BM), threads=128) as bx:
+            x = T.alloc_shared([BM, D], dtype)
+            f = T.alloc_fragment([BM], "float32")
+            T.copy(X[bx * BM:(bx + 1) * BM, :], x)          # zero-filled past S
+            T.reduce_sum(x, f, dim=1)
+            T.copy(x, Y[bx * BM:(bx + 1) * BM, :])          # clipped at S
+            for r in T.Parallel(BM):
+                if causal or bx * BM + r < S:                # causal=True here: unguarded (out of bounds past S)
+                    Z[bx * BM + r] = f[r]
+
+    return kernel
+
+
+def test_stand_in_copies_like_tma_and_faults_out_of_bounds():
+    from facourse import tilelang_cpu as T
+
+    x = torch.randn(20, 8, dtype=torch.float16)
+    y = torch.full_like(x, float("nan"))
+    z = torch.zeros(16)
+    prog = _copy_program(T, "float16", 8, False, tk.Tiles(16, 16, 1, 128))
+    with pytest.raises(T.EmulationError, match="Z's dimension 0 is S, bound to 20"):
+        prog(x, y, z)
+    z = torch.zeros(20)
+    with pytest.raises(T.EmulationError, match="out of bounds"):          # Z[16 + r] for r up to 15, S = 20
+        _copy_program(T, "float16", 8, True, tk.Tiles(16, 16, 1, 128))(x, y, z)
+    prog(x, y.fill_(float("nan")), z)
+    assert torch.equal(y, x), "the copy back is clipped at S, and every row inside was written"
+    torch.testing.assert_close(z, x.float().sum(dim=1), msg="the row sums of the zero-filled tile")
+    with pytest.raises(T.EmulationError, match="bfloat16"):
+        _copy_program(T, "bfloat16", 8, False, tk.Tiles(16, 16, 1, 128))(x.bfloat16(), y.bfloat16(), z)
+    with pytest.raises(AttributeError, match="no T.atomic_add"):
+        T.atomic_add
 
 
 # ----------------------------------------------------------------------------- the Hopper code
@@ -162,6 +182,16 @@ def _assert_hopper_source(src: str, dtype: str, D: int, causal: bool) -> None:
 @pytest.mark.parametrize("dtype,D,causal", LOWERED, ids=[f"{d}-D{D}-{'causal' if c else 'full'}" for d, D, c in LOWERED])
 def test_lowers_for_hopper(dtype, D, causal):
     _assert_hopper_source(fa.hopper_source(dtype, D, causal), dtype, D, causal)
+
+
+@needs_tilelang
+def test_exercise_solution_lowers_for_hopper():
+    """Exercise 11's solution program (its notebook cells, as facourse.steps.exercise_module loads them)
+    lowers for sm_90a with the GPU tiles, and the CUDA is Hopper's."""
+    from facourse.steps import exercise_module
+
+    program = exercise_module("11", ("setup", "tilelang_program")).flash_attention_program
+    _assert_hopper_source(tk.hopper_source(program, "float16", 128, True), "float16", 128, True)
 
 
 @needs_tilelang

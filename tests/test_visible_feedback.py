@@ -191,6 +191,7 @@ def test_11_visible_cells(tmp_path):
     """Exercise 11's visible cells run the checks its hidden tests run (fixed seeds): each mistake the
     grading test plants (tests/test_exercise_step11.py) fails a visible cell that names it."""
     from test_exercise_step11 import PLANTED, STEP
-    visible = ("test_definition", "test_definition_reference", "test_traces", "test_routing", "test_fallback")
+    visible = ("test_definition", "test_definition_reference", "test_traces", "test_routing", "test_fallback",
+               "test_tilelang_causal", "test_tilelang_other")
     bugs = {name: ({cell: [(old, new)]}, [test, says]) for name, (cell, old, new, test, says) in PLANTED.items()}
     assert_visible_feedback(tmp_path, STEP, bugs, limit_s=30, visible=visible)

@@ -1,10 +1,18 @@
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import functools
+import importlib.util
+import math
+
 import torch
 from flashinfer_bench import (AxisConst, AxisVar, BuildSpec, Definition, Solution, SourceFile, TensorSpec,
                               apply, enable_apply)
 from flashinfer_bench.compile import BuilderRegistry
 
 from facourse import interchange as fx
+from facourse import HardwareUnavailable, check_all, require_sm90a
+from facourse.tilelang_kernels import Tiles, check_tilelang_cpu, hopper_source, run_attention
+
+LN2 = math.log(2.0)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # # Exercise 11 — one operator, interchangeable kernels
@@ -19,7 +27,8 @@ from facourse import interchange as fx
 # 2. **`Trace`s**: every `Solution` run on every `Workload` (one concrete shape) and checked, with
 #    the course's one correctness rule (and timed, on a GPU);
 # 3. a **deployment**: `enable_apply` reads the traces, and `apply()` sends each call to the fastest
-#    solution that *passed* on that shape, or to your fallback.
+#    solution that *passed* on that shape, or to your fallback;
+# 4. one more solution of your own: **FlashAttention-2 in TileLang**, the third language of the step.
 #
 # **The operator** (the spec you will write down in part 1): `mini_flash_attention_prefill`, op_type
 # `gqa_ragged`, `run(q, k, v, causal) -> out`, with `q [batch, seq_q, num_heads, head_dim]`,
@@ -30,8 +39,12 @@ from facourse import interchange as fx
 # query head `h` reads KV head `h // 4`, causal is aligned bottom-right (key `j` is visible to query
 # `i` iff `j <= i + seq_kv - seq_q`), a row that sees no key is 0.
 #
-# **What is graded** (30 points, all on a CPU): the definition's fields (5) and its reference (5); the
-# traces (10); the deployment: its routing (5) and its fallback (5). The hidden tests run the same checks as the visible cells, with
+# **What is graded** (50 points). On a CPU (40): the definition's fields (5) and its reference (5); the
+# traces (10); the deployment: its routing (5) and its fallback (5); your TileLang program on the
+# course's CPU stand-in of TileLang, causal cases (5) and the others (5). On an H100 or H200 (10): the
+# TileLang kernel on the five configurations and the edge cases (5), and its speed against PyTorch
+# SDPA's FlashAttention-2 on `large` (3) and `long` (2): half the points at 0.4 of its speed, all at
+# 0.6 (`autograder/thresholds.toml`). The hidden tests run the same checks as the visible cells, with
 # inputs, solution names and tags drawn from seeds you do not see.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task_definition", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -220,4 +233,206 @@ print("the shape with no trace went to the fallback, and its output is right")
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_fallback", deploy)
+### END HIDDEN TESTS
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task_tilelang", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Part 4: FlashAttention-2 in TileLang
+#
+# The lecture's TileLang section shows the model: a program names its tiles and where they live (shared
+# memory `T.alloc_shared`, registers `T.alloc_fragment`), and the compiler turns `T.copy` into TMA loads
+# and stores, `T.gemm` into WGMMA, and the block into a producer warpgroup and consumer warpgroups.
+# What stays yours is the algorithm of step 04: for one query tile $Q_i$ (`BM` rows of one head),
+#
+# $$S = Q_i K_j^\top,\quad m' = \max(m, \operatorname{rowmax} S),\quad P = 2^{c S - c m'},\quad
+#   \ell' = 2^{c m - c m'} \ell + \operatorname{rowsum} P,\quad O' = 2^{c m - c m'} O + P V_j$$
+#
+# over the K/V tiles $j$ it can see, with $c$ = `qk_scale` $= \text{scale} \cdot \log_2 e$, then
+# $O / \ell$ and $\text{lse} = (c\,m + \log_2 \ell) \ln 2$. The lecture's tile of $S$ has the first
+# steps: `T.copy` of a box into shared memory, `T.gemm(q_s, k_s, s, transpose_B=True, ...)`, and the
+# running max `T.reduce_max(s, m, dim=1, clear=False)` (keep the old `m` first: `T.copy(m, m_prev)`).
+#
+# Write the body of `flash_attention_program(T, dtype, D, causal, tiles)`: the signature, the grid (one
+# program per query tile, head and batch) and the buffers are given. The contract is the course's: Q
+# `[B, Hq, Sq, D]`, K, V `[B, Hkv, Skv, D]` (contiguous), query head `h` reads KV head `h // (Hq //
+# Hkv)`, causal bottom-right (key `j` visible to row `i` iff `j <= i + Skv - Sq`), and a row that sees
+# no key gets `O = 0`, `lse = -inf`. What to get right:
+#
+# * **the loop bound**: causal tiles stop at the last key the tile's last row can see (the others are
+#   never loaded, which is where causal attention's factor of two comes from), but a tile loads at
+#   least one K/V tile (its rows may all be empty);
+# * **the mask**, on the tiles that need it (a ragged last tile, the tiles the diagonal crosses): keys
+#   past `Skv` and (causal) after the diagonal get $-\infty$; lengths need not be multiples of the
+#   tiles: `T.copy` of a box that runs past the tensor's end reads zeros, and stores only the rows inside;
+# * **the rows that see no key** (`Sq > Skv`, causal): they end with `O = 0` and `lse = -inf`, not
+#   $0 / 0$; on the way their `m` stays $-\infty$, and $-\infty - (-\infty)$ is NaN: use 0 in place of
+#   $c\,m$ while `m` is $-\infty$, so that no NaN is ever computed;
+# * **the epilogue**: `O` through `o_s` to global memory; `LSE` one element per row, and only for rows
+#   `< Sq` (an element store out of bounds is a fault on a GPU, and an error here).
+#
+# `causal` is a Python `bool` when the program is built: `x if causal else y` chooses at build time (a
+# kernel is compiled per value). About 40 lines.
+#
+# **Running it without a GPU.** The program is a function of the language module `T`. On a GPU,
+# `run_attention` calls it with `tilelang.language` and TileLang compiles it; on CPU tensors it calls it
+# with `facourse.tilelang_cpu`, the course's CPU stand-in: the same operations on NumPy arrays, one block
+# after another and one element at a time in `T.Parallel`, buffers NaN-filled at allocation as a GPU
+# leaves them undefined, `T.copy` zero-filling and clipping at the tensors' ends as TMA does. It checks
+# the arithmetic, the mask, the loop bounds and the stores, with 16- and 32-wide tiles; it cannot show
+# speed, nor whether TileLang's compiler accepts the program: the compile cell below does that where
+# `tilelang` is installed, and the GPU tests grade the real kernel.
+
+# %% nbgrader={"grade": false, "grade_id": "tilelang_program", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def flash_attention_program(T, dtype: str, D: int, causal: bool, tiles: Tiles):
+    """FlashAttention-2's forward as a TileLang program: (Q, K, V, O, LSE, qk_scale), sizes symbolic."""
+    BM, BN = tiles.block_m, tiles.block_n
+    acc = "float32"
+    B, Hq, Hkv, Sq, Skv = T.dynamic("B, Hq, Hkv, Sq, Skv")
+    NEG_INF = -T.infinity(acc)
+
+    @T.prim_func
+    def attention(Q: T.Tensor([B, Hq, Sq, D], dtype), K: T.Tensor([B, Hkv, Skv, D], dtype),
+                  V: T.Tensor([B, Hkv, Skv, D], dtype), O: T.Tensor([B, Hq, Sq, D], dtype),
+                  LSE: T.Tensor([B, Hq, Sq], acc), qk_scale: T.float32):
+        with T.Kernel(T.ceildiv(Sq, BM), Hq, B, threads=tiles.threads) as (bx, h, b):
+            q_s = T.alloc_shared([BM, D], dtype)          # Q_i, loaded once
+            k_s = T.alloc_shared([BN, D], dtype)          # K_j
+            v_s = T.alloc_shared([BN, D], dtype)          # V_j
+            o_s = T.alloc_shared([BM, D], dtype)          # O_i on its way out
+            s = T.alloc_fragment([BM, BN], acc)           # scores, then P in float32
+            p = T.alloc_fragment([BM, BN], dtype)         # P in the input dtype, for P V
+            o = T.alloc_fragment([BM, D], acc)            # the output accumulator
+            m = T.alloc_fragment([BM], acc)               # running row max (of unscaled scores)
+            m_prev = T.alloc_fragment([BM], acc)
+            m_c = T.alloc_fragment([BM], acc)             # c * m, or 0 while m is -inf
+            alpha = T.alloc_fragment([BM], acc)           # 2^(c m_prev - c m): rescales l and O
+            row_sum = T.alloc_fragment([BM], acc)
+            l = T.alloc_fragment([BM], acc)               # running row sum of P
+            ### BEGIN SOLUTION
+            kv_head = h // (Hq // Hkv)                    # GQA
+            row0 = bx * BM
+            off = Skv - Sq                                # bottom-right: key j visible to row i iff j <= i + off
+            n_kv = T.ceildiv(Skv, BN)
+            # causal: up to the tile of the last key that the last row sees, and at least one tile
+            n_end = T.max(T.min(n_kv, T.ceildiv(row0 + BM + off, BN)), 1) if causal else n_kv
+            # tiles before n_full are inside Skv and (causal) wholly below the diagonal: no mask
+            n_full = T.min(T.floordiv(row0 + off + 1, BN), T.floordiv(Skv, BN)) if causal else T.floordiv(Skv, BN)
+
+            T.copy(Q[b, h, row0:row0 + BM, :], q_s)
+            T.fill(o, 0)
+            T.fill(l, 0)
+            T.fill(m, NEG_INF)
+            for j in T.Pipelined(n_end, num_stages=tiles.num_stages):
+                T.copy(K[b, kv_head, j * BN:(j + 1) * BN, :], k_s)
+                T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if j >= n_full:
+                    for r, c in T.Parallel(BM, BN):
+                        key = j * BN + c
+                        visible = (key < Skv) and (key <= row0 + r + off) if causal else key < Skv
+                        s[r, c] = T.if_then_else(visible, s[r, c], NEG_INF)
+                T.copy(m, m_prev)
+                T.reduce_max(s, m, dim=1, clear=False)
+                for r in T.Parallel(BM):
+                    m_c[r] = T.if_then_else(m[r] == NEG_INF, 0, m[r] * qk_scale)
+                    alpha[r] = T.exp2(m_prev[r] * qk_scale - m_c[r])
+                for r, c in T.Parallel(BM, BN):
+                    s[r, c] = T.exp2(s[r, c] * qk_scale - m_c[r])
+                T.reduce_sum(s, row_sum, dim=1)
+                for r in T.Parallel(BM):
+                    l[r] = l[r] * alpha[r] + row_sum[r]
+                T.copy(s, p)
+                for r, c in T.Parallel(BM, D):
+                    o[r, c] *= alpha[r]
+                T.copy(V[b, kv_head, j * BN:(j + 1) * BN, :], v_s)
+                T.gemm(p, v_s, o, policy=T.GemmWarpPolicy.FullRow)
+            for r, c in T.Parallel(BM, D):
+                o[r, c] = T.if_then_else(l[r] > 0, o[r, c] / l[r], 0)
+            T.copy(o, o_s)
+            T.copy(o_s, O[b, h, row0:row0 + BM, :])
+            for r in T.Parallel(BM):
+                if row0 + r < Sq:
+                    LSE[b, h, row0 + r] = T.if_then_else(l[r] > 0, m[r] * qk_scale * LN2 + T.log(l[r]), NEG_INF)
+            ### END SOLUTION
+
+    return attention
+
+
+# %% nbgrader={"grade": false, "grade_id": "tilelang_entry_point", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def flash_attention_tilelang(q, k, v, causal=False, scale=None, tiles=None):
+    """Your program as an attention function of the course's contract: -> (o, lse). CPU tensors run on
+    the CPU stand-in (tiles 16 x 16 unless given), GPU tensors on TileLang's compiled kernel."""
+    return run_attention(flash_attention_program, q, k, v, causal, scale, tiles)
+
+
+cpu_q, cpu_k, cpu_v = (torch.randn(1, h, 32, 32, dtype=torch.float16) for h in (4, 1, 1))   # a first run
+cpu_o, cpu_lse = flash_attention_tilelang(cpu_q, cpu_k, cpu_v, causal=True)
+print("ran on the CPU stand-in:", tuple(cpu_o.shape), "NaN in o:", bool(cpu_o.isnan().any()))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task_tilelang_cpu", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The CPU checks run eight small cases, each with the next of three tile shapes (16 x 16, 16 x 32,
+# 32 x 16): the causal ones (a square, `Sq < Skv`, ragged lengths, `Sq > Skv` with rows that see no
+# key, one query row) and the others (non-causal, one KV head for all query heads, logits in the
+# hundreds). A failure names the case, the rows and the likely cause, as every check of the course does.
+
+# %% nbgrader={"grade": true, "grade_id": "test_tilelang_causal", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
+check_tilelang_cpu(flash_attention_tilelang, seed=11, cases="causal")
+### BEGIN HIDDEN TESTS
+from autograder.judge_client import judge  # grading only: the judge decides this test's points
+judge("test_tilelang_causal", flash_attention_program)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_tilelang_other", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
+check_tilelang_cpu(flash_attention_tilelang, seed=12, cases="other")
+### BEGIN HIDDEN TESTS
+from autograder.judge_client import judge  # grading only: the judge decides this test's points
+judge("test_tilelang_other", flash_attention_program)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task_tilelang_compile", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## TileLang's compiler, without a GPU
+#
+# Where `tilelang` is installed (`pip install tilelang==0.1.15`; no GPU needed), this cell lowers your
+# program for Hopper (sm_90a) and reads the CUDA it wrote: TMA loads (`tma_load`), WGMMA
+# (`wgmma_ss`: both operands in shared memory, `wgmma_rs`: `P` from registers), and the producer
+# warpgroup handing its registers to the consumers (`warpgroup_reg_dealloc`). A program the stand-in
+# runs but TileLang rejects fails here with TileLang's message. It takes about ten seconds per kernel.
+
+# %% nbgrader={"grade": false, "grade_id": "tilelang_compile", "locked": true, "schema_version": 3, "solution": false, "task": false}
+if importlib.util.find_spec("tilelang") is None:
+    print("tilelang is not installed here: pip install tilelang==0.1.15 to see your program lowered for sm_90a")
+else:
+    cuda_source = hopper_source(flash_attention_program, "float16", 128, causal=True)
+    found = {k: cuda_source.count(k) for k in ("tma_load", "tma_store", "wgmma_ss", "wgmma_rs",
+                                                "warpgroup_reg_dealloc", "exp2f")}
+    print(f"{len(cuda_source.splitlines())} lines of CUDA for sm_90a; {found}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task_tilelang_gpu", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## On an H100 or H200
+#
+# TileLang compiles your program (128 x 128 tiles, two consumer warpgroups: `TILES` of
+# `facourse.tilelang_kernels`) and the course's check runs it on the five configurations and the edge
+# cases in float16 and bfloat16; the hidden tests then time it on `large` and `long` against SDPA's
+# FlashAttention-2 in the same process (the course's TileLang solution reaches about 1.5 times its speed).
+
+# %% nbgrader={"grade": true, "grade_id": "test_tilelang_gpu", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
+try:
+    require_sm90a(what="the TileLang kernel's GPU tests")
+    check_all(flash_attention_tilelang, expect_lse=True)
+except HardwareUnavailable as e:
+    print(f"Skipped, 0 points on this machine: {e}")
+### BEGIN HIDDEN TESTS
+from autograder.judge_client import judge  # grading only: the judge decides this test's points
+judge("test_tilelang_gpu", flash_attention_program)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "perf_large", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+### BEGIN HIDDEN TESTS
+from autograder.judge_client import judge  # grading only: the judge decides this test's points
+judge("perf_large", flash_attention_program)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "perf_long", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+### BEGIN HIDDEN TESTS
+from autograder.judge_client import judge  # grading only: the judge decides this test's points
+judge("perf_long", flash_attention_program)
 ### END HIDDEN TESTS

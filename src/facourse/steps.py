@@ -100,5 +100,7 @@ def exercise_module(step: str, names: tuple[str, ...]) -> types.ModuleType:
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     mod = types.ModuleType(f"step{step}_exercise_solution", f"exercise {step}'s solution cells")
     mod.__file__ = name
-    exec(compile(src, name, "exec"), mod.__dict__)  # noqa: S102
+    # dont_inherit: compiled as a notebook compiles them, without this module's __future__ imports
+    # (postponed annotations would turn a TileLang prim_func's tensor annotations into strings)
+    exec(compile(src, name, "exec", dont_inherit=True), mod.__dict__)  # noqa: S102
     return mod

@@ -57,33 +57,18 @@ Needs tilelang (0.1.15; pip install tilelang==0.1.15: see tools/carry_tilelang.p
 machine) and, to run, an sm_90 GPU and CUDA's nvcc (TileLang compiles the generated CUDA with it).
 ``hopper_source`` lowers the kernel for sm_90a and returns the CUDA source without any GPU.
 """
-import functools
-from dataclasses import dataclass
 
 import torch
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+from facourse.tilelang_kernels import LN2, LOG2E, TILES, Tiles, compile_program
+from facourse.tilelang_kernels import hopper_source as _hopper_source
+
 HEAD_DIMS = (64, 128)
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
-
-@dataclass(frozen=True)
-class Tiles:
-    block_m: int = 128      # query rows per program
-    block_n: int = 128      # keys per K/V tile
-    num_stages: int = 2     # K/V tiles in flight (shared-memory ring of the TMA pipeline)
-    threads: int = 256      # consumer threads (2 warpgroups); TileLang adds a producer warpgroup
-    fast_math: bool = True  # nvcc --use_fast_math: exp2 -> ex2.approx.ftz
-
-    def label(self) -> str:
-        return (f"{self.block_m}x{self.block_n}, {self.num_stages} stages, {self.threads // 128} consumer WG"
-                f"{'' if self.fast_math else ', no fast math'}")
-
-
-#: Tiles by head dimension (H100). FORCE_TILES, when set, overrides the table (gpu_try.py's sweep).
-#: D = 64 takes a third stage: its tiles are half the bytes (16 + 3 x 32 = 112 KB) and half the work.
-TILES = {64: Tiles(128, 128, 3, 256), 128: Tiles(128, 128, 2, 256)}
+#: Tiles by head dimension: facourse.tilelang_kernels.TILES (H100; D = 64 takes a third stage: its tiles
+#: are half the bytes, 16 + 3 x 32 = 112 KB, and half the work). FORCE_TILES, when set, overrides the
+#: table (gpu_try.py's sweep).
 FORCE_TILES: Tiles | None = None
 
 #: The candidates gpu_try.py times on `large` and `long` (fp16, D = 128) to settle TILES[128]: the
@@ -108,11 +93,6 @@ def planned_kernels(sweep: bool = True) -> list[tuple]:
     if sweep:
         ks += [("float16", 128, c, t) for t in SWEEP_TILES for c in (True, False) if t != TILES[128]]
     return ks
-
-
-#: The target when no GPU names one: Hopper with its arch-specific features (wgmma, setmaxnreg).
-#: Plain sm_90 fails to compile TileLang's warp-specialised code (warpgroup_reg_dealloc needs sm_90a).
-HOPPER = {"kind": "cuda", "arch": "sm_90a"}
 
 
 def pick_tiles(D: int) -> Tiles:
@@ -143,16 +123,16 @@ def tile_range(row0, Sq, Skv, causal: bool, BM: int, BN: int,
     return n_end, n_full
 
 
-def fa_forward_program(dtype: str, D: int, causal: bool, tiles: Tiles, layout: str = "bhsd"):
+def fa_forward_program(T, dtype: str, D: int, causal: bool, tiles: Tiles, layout: str = "bhsd"):
     """The TileLang program (a TIR PrimFunc) of the forward for one dtype, head dim and causal flag.
 
     Arguments: Q, K, V, O, LSE, qk_scale (= scale * log2 e); shapes symbolic. ``layout``: how Q, K, V
     and O are stored, contiguous: "bhsd" ([B, H, S, D], the course's) or "bshd" ([B, S, H, D], the
     layout of FlashInfer's definitions and of most models). Only the TMA boxes' place differs: a tile
     of BM rows of one head is rows row0.. of [S, D] in one, every H-th row of [S*H, D] in the other.
+    ``T`` is the language: tilelang.language, or facourse.tilelang_cpu (the CPU stand-in that runs it
+    on CPU tensors: tests/test_step11_tilelang.py).
     """
-    import tilelang.language as T
-
     BM, BN, stages, threads = tiles.block_m, tiles.block_n, tiles.num_stages, tiles.threads
     acc = "float32"
     B, Hq, Hkv, Sq, Skv = T.dynamic("B, Hq, Hkv, Sq, Skv")
@@ -224,40 +204,18 @@ def fa_forward_program(dtype: str, D: int, causal: bool, tiles: Tiles, layout: s
     return fa_fwd
 
 
-def _pass_configs(tiles: Tiles) -> dict:
-    return {"tl.enable_fast_math": bool(tiles.fast_math)}
-
-
-@functools.lru_cache(maxsize=None)
 def compile_kernel(dtype: str, D: int, causal: bool, tiles: Tiles, layout: str = "bhsd"):
-    """The compiled kernel (TileLang's JITKernel: its CUDA built by nvcc), cached per process.
+    """The compiled kernel (facourse.tilelang_kernels.compile_program: cached per process and on disk)."""
+    return compile_program(fa_forward_program, dtype, D, causal, tiles, (("layout", layout),))
 
-    The target is sm_90a on an sm_90 GPU and where there is none (nvcc builds it all the same), else
-    TileLang's own pick. TileLang also caches the build on disk (TILELANG_CACHE_DIR, default
-    ~/.tilelang/cache), keyed by the program, the target, the pass configs and TileLang's own
-    libraries, not by the machine: a cache filled on a CPU machine with nvcc
-    (tools/carry_tilelang.py) is loaded on the GPU machine instead of compiling there.
-    """
-    import tilelang
-    from tvm.target import Target
 
-    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-    target = Target(HOPPER) if cap in (None, (9, 0)) else "auto"
-    return tilelang.compile(fa_forward_program(dtype, D, causal, tiles, layout), target=target,
-                            execution_backend="tvm_ffi", pass_configs=_pass_configs(tiles))
+compile_kernel.cache_clear = compile_program.cache_clear
 
 
 def hopper_source(dtype: str = "float16", D: int = 128, causal: bool = True, tiles: Tiles | None = None,
                   layout: str = "bhsd") -> str:
     """The kernel lowered for sm_90a, as CUDA source; needs tilelang, no GPU and no nvcc."""
-    import tilelang
-    from tvm.target import Target
-
-    tiles = tiles or TILES[D]
-    target = Target(HOPPER)
-    with target, tilelang.transform.PassContext(config=_pass_configs(tiles)):
-        artifact = tilelang.lower(fa_forward_program(dtype, D, causal, tiles, layout), target=target)
-    return artifact.kernel_source
+    return _hopper_source(fa_forward_program, dtype, D, causal, tiles, (("layout", layout),))
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
