@@ -1,6 +1,6 @@
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
-import functools
 import importlib.util
+import inspect
 import math
 
 import torch
@@ -387,6 +387,32 @@ check_tilelang_cpu(flash_attention_tilelang, seed=12, cases="other")
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_tilelang_other", flash_attention_program)
 ### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task_your_solution", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Your kernel as a solution of the definition
+#
+# A `Solution` carries its sources, so your program becomes one: its source (as this notebook has it)
+# and a `run` in the definition's layout, in one `main.py`. Your `trace_solutions` traces it like any
+# other: here on the CPU stand-in, on the smallest CPU workload (the stand-in runs one element at a time);
+# on an H100 the same solution runs TileLang's compiled kernel, its traces are timed against SDPA, and
+# `apply()` sends it the shapes where it is the fastest that passed. Your step 05 and 06 kernels enter
+# the same way: their files in `sources`, and a `run` that transposes to the course's layout and back.
+
+# %% nbgrader={"grade": false, "grade_id": "your_solution", "locked": true, "schema_version": 3, "solution": false, "task": false}
+YOUR_SOURCE = ("import math\n\nfrom facourse.tilelang_kernels import Tiles, run_attention\n\nLN2 = math.log(2.0)\n\n\n"
+               + inspect.getsource(flash_attention_program) + '''
+
+def run(q, k, v, causal):
+    o, _ = run_attention(flash_attention_program, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                         bool(causal))
+    return o.transpose(1, 2)
+''')
+yours = Solution(name="your_tilelang", definition=fx.DEFINITION_NAME, author="you",
+                 spec=BuildSpec(language="python", target_hardware=["cpu", "NVIDIA H100"], entry_point="main.py::run",
+                                destination_passing_style=False),
+                 sources=[SourceFile(path="main.py", content=YOUR_SOURCE)])
+for trace in trace_solutions(make_definition(), [yours], fx.workloads("cpu")[:1]):
+    print(trace.solution, trace.workload.axes, trace.evaluation.status.value)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task_tilelang_compile", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## TileLang's compiler, without a GPU
