@@ -448,7 +448,7 @@ _CAL_LOCK = threading.Lock()
 def calibration(device: str, config: str, backend: str, mode: str = "forward") -> float:
     """The reference backend's own time (ms) on ``config`` on this GPU, measured once by the judge.
     Raises when it cannot be measured: a perf record is then not accepted (nothing to check it by)."""
-    from facourse import sdpa_reference
+    from facourse.bench import reference
 
     from .perf import bench
 
@@ -464,7 +464,7 @@ def calibration(device: str, config: str, backend: str, mode: str = "forward") -
                 with torch.cuda.device(device):
                     ref = flex_reference(mask, cfg.B, cfg.Hq, cfg.Sq, cfg.Skv, device=device)
             else:
-                ref = sdpa_reference(backend)[0]
+                ref = reference(backend)[0]
             with torch.cuda.device(device):
                 res = bench(ref, config, backend, mode)
             _CAL[key] = res.t_ref_ms

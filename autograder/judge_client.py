@@ -137,13 +137,32 @@ def _measure(fn, perf: dict, conn, test: str) -> None:
     """Time ``fn`` against the step's reference with the course's bench and report the numbers."""
     from .perf import bench, environment, thresholds
 
+    t = thresholds(perf["step"])
     try:
-        res = bench(fn, perf["config"], thresholds(perf["step"])["reference"], perf.get("mode", "forward"))
+        res = bench(fn, perf["config"], t["reference"], perf.get("mode", "forward"))
         record = {**res.as_dict(), "env": environment()}
         print(res.summary())
     except Exception as err:            # reported; the judge gives no perf points without numbers
         record = {"error": f"{type(err).__name__}: {err}"}
     conn.ask({"op": "perf", "test": test, "record": record})
+    for extra in t.get("also", []):     # named references beside the graded one: shown, not graded
+        _also(fn, perf, extra)
+
+
+def _also(fn, perf: dict, backend: str) -> None:
+    """Time ``fn`` against one more reference (FlashInfer's prefill, where installed) and print it."""
+    from facourse.bench import FLASHINFER, flashinfer_available
+
+    from .perf import bench
+
+    if backend == FLASHINFER and not flashinfer_available():
+        print(f"{perf['config']}: FlashInfer is not installed here: no comparison with its prefill kernel "
+              "(not graded)")
+        return
+    try:
+        print(f"{bench(fn, perf['config'], backend, perf.get('mode', 'forward')).summary()} (not graded)")
+    except Exception as err:
+        print(f"{perf['config']}: no comparison with {backend} ({type(err).__name__}: {err}; not graded)")
 
 
 def judge(test: str, fn) -> None:

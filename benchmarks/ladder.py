@@ -113,9 +113,17 @@ def bench_configs(m: dict, r: dict, quick: bool = False) -> list[AttnConfig]:
     return [config(n) for n in names]
 
 
-def backends(m: dict, solution: bool) -> list[str]:
+def backends(m: dict, solution: bool, dtype: str = "float16") -> list[str]:
+    """The references a forward rung is timed against: the step's and FA2; a solution FA2 and cuDNN, and
+    FlashInfer's prefill kernel where flashinfer is installed (its carried modules are fp16's: a forward
+    step's solution in fp16; tools/carry_tilelang.py --flashinfer)."""
+    from facourse.bench import FLASHINFER, flashinfer_available
     ref = m["reference"]["backend"]
-    return ["FLASH_ATTENTION", "CUDNN_ATTENTION"] if solution else list(dict.fromkeys([ref, "FLASH_ATTENTION"]))
+    if not solution:
+        return list(dict.fromkeys([ref, "FLASH_ATTENTION"]))
+    forward = m["exercise"].get("mode", "forward") == "forward"
+    return ["FLASH_ATTENTION", "CUDNN_ATTENTION"] + (
+        [FLASHINFER] if forward and dtype == "float16" and flashinfer_available() else [])
 
 
 # ---------------------------------------------------------------------------- building a rung
@@ -224,7 +232,7 @@ def plan(m: dict, name: str, quick: bool, checks: list[str] | None = None) -> tu
         bes = list(DECODE_BACKENDS) if sol else [m["reference"]["backend"]]
         return cks, [(PERF_DECODE_CASES[c], "float16", be) for c in cases for be in bes]
     bds = [(cfg, dt, be) for dt in (dtypes if sol else DTYPES[:1]) for cfg in bench_configs(m, r, quick)
-           for be in backends(m, sol)]
+           for be in backends(m, sol, dt)]
     return cks, bds
 
 

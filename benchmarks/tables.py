@@ -31,6 +31,7 @@ PROBE = "2026-11-22_h100_timing_probe.json"
 VARIANTS = ("2026-11-22_h100_step06_v5_variants.json", "2026-11-22_h100_step06_v5_variants_run2.json")
 TILES = "2026-11-22_h100_step05_tiles.json"
 TILELANG = "2026-11-23_h100_step11_tilelang.json"   # gpu_try.py: the TileLang rung's checks, timings, tile sweep
+FLASHINFER = "2026-11-23_h100_step11_flashinfer.json"   # gpu_try.py --quick with FlashInfer carried: its prefill too
 
 
 def _load(name: str) -> dict:
@@ -78,6 +79,11 @@ def measured() -> dict:
                                                                                   "tflops_ref", "ratio")}}
                                    for r in tl["rows"] if r["kind"] == "bench" and r.get("tiles") == "table"
                                    and r.get("layout", "bhsd") == "bhsd" and "ratio" in r]}
+    fi = _load(FLASHINFER)     # the same runner, the TileLang solution against FA2 and FlashInfer's prefill
+    out["11_flashinfer"] = {"source": f"benchmarks/results/{FLASHINFER}", "env": fi["env"], "timing": fi["timing"],
+                            "rows": [{k: r[k] for k in ("config", "dtype", "layout", "ref_backend", "tflops",
+                                                        "tflops_ref", "ratio")}
+                                     for r in fi["rows"] if r["kind"] == "bench" and "ratio" in r]}
     traces = sorted(RESULTS.glob("*_step11_traces.json"))
     if traces:                 # benchmarks/traces.py: its own schema (traces and apply()'s choices)
         d = json.loads(traces[-1].read_text())
@@ -87,6 +93,23 @@ def measured() -> dict:
                                         if k in r} for r in d["traces"]],
                             "dispatch": d["dispatch"]}
     return out
+
+
+def step11_flashinfer() -> str:
+    """The TileLang solution against SDPA's FA2 and FlashInfer's prefill, in one run (contiguous
+    [B, H, S, D]: the layout FlashInfer's reference takes without a copy)."""
+    d = _m("11_flashinfer")
+    env = d["env"]
+    out = [f"Source: `{d['source'].removeprefix('benchmarks/')}`. {env['gpu']}, {env['date']}, torch {env['torch']}, "
+           f"CUDA {env['cuda']}, TileLang {env['tilelang']}, FlashInfer {env.get('flashinfer', '?')}; timing: "
+           f"{d['timing']}.", "",
+           "| config | dtype | TileLang TFLOP/s | reference | reference TFLOP/s | TileLang / reference |",
+           "|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        if r["layout"] == "bhsd":
+            out.append(f"| {r['config']} | {r['dtype']} | {r['tflops']:.0f} | {r['ref_backend']} | "
+                       f"{r['tflops_ref']:.0f} | {_x(r['ratio'])} |")
+    return "\n".join(out)
 
 
 def _m(step: str) -> dict:
@@ -193,6 +216,7 @@ TABLES = {
     "step11_traces_source": lambda: (f"Source: `{_m('11_traces')['source'].removeprefix('benchmarks/')}`. "
                                      f"{R.traces_header(_m('11_traces'))}."),
     "step11_traces": lambda: R.traces_table(_m("11_traces")),
+    "step11_flashinfer": step11_flashinfer,
     "step12": lambda: R.ring_table(_m("12")),
     "step12_source": lambda: source("12"),
 }

@@ -177,3 +177,72 @@ def test_step11_traces_rank_solutions_by_their_own_times():
     ranked = T.one_reference(raw)
     assert ranked[0].evaluation.performance.speedup_factor > ranked[1].evaluation.performance.speedup_factor
     assert {t.evaluation.performance.reference_latency_ms for t in ranked} == {0.353}
+
+
+def _fake_flashinfer():
+    """FlashInfer's single_prefill_with_kv_cache as its documentation states it, in float64 on a CPU:
+    q [qo_len, Hq, D]; K and V [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND); query head i reads KV head
+    i // (Hq // Hkv); causal: row r sees keys up to r + kv_len - qo_len; the output [qo_len, Hq, D]."""
+    import types
+
+    import torch
+
+    def single_prefill_with_kv_cache(q, k, v, causal=False, kv_layout="NHD", sm_scale=None, backend="auto"):
+        assert q.dim() == k.dim() == v.dim() == 3 and backend in ("fa2", "fa3")
+        assert kv_layout == "NHD"           # FlashInfer 0.7.2's FA3 single prefill dies on HND (an H100, 2026-11-23)
+        assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1        # FlashInfer's one demand on strides
+        if kv_layout == "NHD":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        Sq, Hq, D = q.shape
+        Hkv, Skv = k.shape[:2]
+        assert Hq % Hkv == 0
+        idx = torch.arange(Hq) // (Hq // Hkv)
+        s = torch.einsum("qhd,hkd->hqk", q.double(), k.double()[idx]) * (sm_scale or D ** -0.5)
+        if causal:
+            keep = torch.arange(Skv)[None, :] <= torch.arange(Sq)[:, None] + (Skv - Sq)
+            s = s.masked_fill(~keep, float("-inf"))
+        return torch.einsum("hqk,hkd->qhd", s.softmax(-1), v.double()[idx]).to(q.dtype).contiguous()
+
+    return types.SimpleNamespace(__version__="fake", single_prefill_with_kv_cache=single_prefill_with_kv_cache)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Skv,causal", [(2, 4, 2, 5, 9, True), (3, 4, 1, 7, 7, False),
+                                                    (2, 2, 2, 6, 6, True)])
+def test_flashinfer_reference_folds_the_batch_into_heads_correctly(monkeypatch, B, Hq, Hkv, Sq, Skv, causal,
+                                                                    layout):
+    """The FLASHINFER reference hands FlashInfer one call with the batch folded into the heads, by views
+    (contiguous [B, H, S, D]), or one call per sequence ([B, S, H, D] memory): each sequence must still
+    meet only its own keys, in its own KV head group, bottom-right causal."""
+    import torch
+
+    from facourse import bench
+    from facourse.reference import reference_attention
+
+    monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer())
+    fn, name = bench.reference("FLASHINFER")
+    assert name == "FLASHINFER"
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, Hq, Sq, 16, generator=g)
+    k, v = torch.randn(B, Hkv, Skv, 16, generator=g), torch.randn(B, Hkv, Skv, 16, generator=g)
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    o = fn(q, k, v, causal=causal, scale=0.3)
+    ref, _ = reference_attention(q, k, v, causal=causal, scale=0.3)
+    assert o.shape == q.shape and fn.last_backend == "FLASHINFER fake single_prefill (fa2)"
+    torch.testing.assert_close(o.double(), ref, atol=1e-6, rtol=1e-6)
+
+
+def test_runner_adds_flashinfer_to_a_forward_solutions_fp16_references_where_installed(monkeypatch):
+    import facourse.bench as fb
+    from benchmarks.ladder import backends
+    from facourse.steps import load_step
+
+    m05, m08 = load_step("05"), load_step("08")
+    monkeypatch.setattr(fb, "flashinfer_available", lambda: True)
+    assert backends(m05, True, "float16") == ["FLASH_ATTENTION", "CUDNN_ATTENTION", "FLASHINFER"]
+    assert backends(m05, True, "bfloat16") == ["FLASH_ATTENTION", "CUDNN_ATTENTION"]   # fp16 modules carried
+    assert "FLASHINFER" not in backends(m08, True, "float16")                             # a backward step
+    assert "FLASHINFER" not in backends(m05, False, "float16")                            # rungs: the step's own
+    monkeypatch.setattr(fb, "flashinfer_available", lambda: False)
+    assert backends(m05, True, "float16") == ["FLASH_ATTENTION", "CUDNN_ATTENTION"]

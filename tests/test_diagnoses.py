@@ -159,3 +159,22 @@ def test_05_forgotten_qk_scale_is_named_as_the_scale():
 def test_05_exp2_without_log2e_is_named_as_the_scale():
     out = _run05(_ex05_source(("scale * LOG2E, GROUP=", "scale, GROUP=")), "small")
     assert out.startswith("FAILED") and "off by ln 2" in out and "block boundary" not in out, out
+
+
+def test_top_left_in_fp16_is_named_when_rows_of_few_keys_round_past_the_tolerance():
+    """A top-left causal kernel on asymmetric (Sq 128, Skv 2048), fp16: its first rows see one or two keys,
+    so their outputs are values of V themselves, a few units large, which fp16 rounds by more than the
+    check's tolerance (set by the right answer, whose rows average ~2000 keys). The diagnosis still
+    names top-left (on an H100 a TileLang kernel with this bug got "every row is wrong" on one seed)."""
+    import torch
+
+    from facourse.check import check_attention
+    from facourse.reference import reference_attention
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 128, 64, generator=g).half()
+    k = torch.randn(1, 2, 2048, 64, generator=g).half()
+    v = (4 * torch.randn(1, 2, 2048, 64, generator=g)).half()
+    top_left = reference_attention(q, k, v, True, None, dtype=torch.float32, align="top_left")[0].half()
+    with pytest.raises(AttentionCheckError, match="top-left causal alignment"):
+        check_attention(top_left, q, k, v, causal=True, config="asymmetric").raise_if_failed()

@@ -37,6 +37,18 @@ def test_sdpa_reference_is_correct_with_gqa_and_bottom_right(backend):
     assert used in ("FLASH_ATTENTION", "CUDNN_ATTENTION")
 
 
+@pytest.mark.skipif(not __import__("facourse.bench").bench.flashinfer_available(), reason="flashinfer is not installed")
+def test_flashinfer_reference_is_correct_with_gqa_and_bottom_right():
+    """FlashInfer's prefill as the FLASHINFER reference: the batch folded into its heads (contiguous
+    [B, H, S, D]) and one call per sequence ([B, S, H, D] memory), GQA 32/8, bottom-right causal."""
+    from facourse.bench import reference
+    fn, _ = reference("FLASHINFER")
+    for name in ("small", "asymmetric", "noncausal", "large"):
+        for layout in ("bhsd", "bshd"):
+            check_entry_point(fn, name, layout=layout)
+    assert "single_prefill" in fn.last_backend
+
+
 def test_bench_against_itself_is_even():
     fn, _ = sdpa_reference("FLASH_ATTENTION")
     res = bench_attention(fn, "large", backend="FLASH_ATTENTION", rounds=20)

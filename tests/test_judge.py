@@ -341,3 +341,31 @@ def test_a_flood_of_bytes_is_refused_before_it_is_read():
     j.finish()
     assert any("too large" in v for v in j.violations), j.violations
     assert J.RECEIVE_BUDGET["cpu"] >= 1 << 28
+
+
+def test_perf_cells_show_flashinfer_beside_the_graded_ratio(monkeypatch, capsys):
+    """thresholds.toml's `also` (step 11: FLASHINFER) is timed after the graded bench and printed, never
+    sent to the judge; without flashinfer, or when its bench fails, the line says so."""
+    import types
+
+    import facourse.bench as fb
+    from autograder import judge_client, perf
+
+    assert perf.thresholds("11_interchangeable_kernels")["also"] == ["FLASHINFER"]
+    spec = {"step": "11_interchangeable_kernels", "config": "large"}
+    monkeypatch.setattr(fb, "flashinfer_available", lambda: False)
+    judge_client._also(None, spec, "FLASHINFER")
+    assert "FlashInfer is not installed here" in capsys.readouterr().out
+    monkeypatch.setattr(fb, "flashinfer_available", lambda: True)
+    seen = []
+    monkeypatch.setattr(perf, "bench", lambda fn, config, backend, mode: seen.append((config, backend, mode)) or
+                        types.SimpleNamespace(summary=lambda: "large: 0.86x the reference"))
+    judge_client._also(None, spec, "FLASHINFER")
+    assert capsys.readouterr().out.strip() == "large: 0.86x the reference (not graded)"
+    assert seen == [("large", "FLASHINFER", "forward")]
+
+    def broken(*a):
+        raise RuntimeError("no module for bfloat16")
+    monkeypatch.setattr(perf, "bench", broken)
+    judge_client._also(None, spec, "FLASHINFER")
+    assert "no comparison with FLASHINFER (RuntimeError: no module for bfloat16; not graded)" in capsys.readouterr().out

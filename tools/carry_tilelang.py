@@ -1,6 +1,7 @@
 """Pack TileLang (and what it needs beside the GPU machine's own packages) into one archive to carry.
 
-    python tools/carry_tilelang.py [--out carry/tilelang.tar.xz] [--pythons 3.12 3.11] [--no-kernels] [--verify] [--fib]
+    python tools/carry_tilelang.py [--out carry/tilelang.tar.xz] [--pythons 3.12 3.11] [--no-kernels] [--verify]
+                                   [--fib | --flashinfer]
 
 The GPU machine (Python 3.12, PyTorch 2.11, CUDA 13.0 with nvcc) can install nothing from a registry
 and takes at most 64 MiB of carried files; TileLang's wheels with their needs are about 82 MB. This
@@ -22,6 +23,15 @@ With --fib it packs FlashInfer-Bench 0.1.2 and the packages it imports that the 
 (pydantic with its compiled core for each Python, annotated-types, typing-inspection, docstring-parser)
 into ``carry/fib.tar.xz`` (about 3 MiB), for step 11's traces (benchmarks/ladder.py 11 --traces); it
 unpacks into the same folder as the TileLang archive (both hold a site/).
+
+With --flashinfer it packs FlashInfer's prefill kernel, the bench's extra reference backend "FLASHINFER"
+(facourse.bench.flashinfer_reference), into ``carry/flashinfer.tar.xz`` (a few MiB; it too unpacks into
+the TileLang archive's folder and uses its apache-tvm-ffi): flashinfer-python 0.7.2.post1's Python files,
+the prefill templates its module generator reads, and its two single-prefill modules for fp16 and head
+dim 128 (the graded perf configurations), FA2 and FA3, built here for sm_90a with this machine's nvcc
+(about 1 and 11 minutes on 2 cores; kept in ~/.cache/facourse-carry/flashinfer-aot for the next run)
+into flashinfer/data/aot/, where FlashInfer loads a module without building it. Left out: the kernels'
+sources and headers (CUTLASS, CCCL: about 330 MB), which only a build needs.
 
 The wheels come from PyPI with pip (``pip download --only-binary=:all: --python-version ...``, into
 ~/.cache/facourse-carry/wheels): the same files pip would install on each Python. It prints the
@@ -49,6 +59,14 @@ PINS = ["tilelang==0.1.15", "apache-tvm-ffi==0.1.12", "z3-solver==4.15.4.0", "cl
 # (it has torch, safetensors and typing-extensions), as course.sh installs it: without flashinfer-python.
 FIB_PINS = ["flashinfer-bench==0.1.2", "pydantic==2.14.3", "pydantic-core==2.50.4", "annotated-types==0.8.0",
             "typing-inspection==0.4.5", "docstring-parser==0.18.0"]
+# --flashinfer: the package (its Python files only go in), and what building its modules needs here:
+# importing it (nvidia-ml-py; the GPU machine has it, and apache-tvm-ffi comes with the TileLang archive)
+# and cuRAND's headers, which CUTLASS's utilities include in the FA3 kernel (this toolkit has none)
+FI_PINS = ["flashinfer-python==0.7.2.post1"]
+FI_BUILD_PINS = ["nvidia-ml-py==13.615.71", "apache-tvm-ffi==0.1.12", "nvidia-curand==10.4.0.35"]
+FI_BACKENDS = ("fa2", "fa3")                 # single prefill, fp16, head dim 128
+FI_KEEP_CSRC = ("*prefill*", "tvm_ffi_utils.h")
+FI_AOT = Path(os.environ.get("FACOURSE_FI_AOT", Path.home() / ".cache" / "facourse-carry" / "flashinfer-aot"))
 VERSION_SPECIFIC = ("apache_tvm_ffi", "pydantic_core")   # the wheels here with a per-Python compiled module
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
@@ -139,6 +157,63 @@ print(f"built {{len(ks)}} kernels for sm_90a in {{time.time() - t0:.0f}} s")
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
+def build_flashinfer(site: Path, work: Path) -> None:
+    """FlashInfer's Python files into ``site`` with its single-prefill modules in data/aot/, built here
+    for sm_90a (or taken from FI_AOT, where each build is kept)."""
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    full = work / "flashinfer_full"
+    for whl in download("3.12", FI_PINS) + download(here, FI_BUILD_PINS):
+        unpack_wheel(whl, full)
+    version = FI_PINS[0].split("==")[1]
+    code = f"""
+import shutil, sys, time, torch
+from pathlib import Path
+from flashinfer.jit.attention.modules import gen_single_prefill_module
+f16 = torch.float16
+for backend in {FI_BACKENDS!r}:
+    spec = gen_single_prefill_module(backend, f16, f16, f16, 128, 128, 0, False, False, False)
+    kept = Path({str(FI_AOT / version)!r}) / spec.name / (spec.name + ".so")
+    if not kept.exists():
+        t0 = time.time()
+        spec.build(verbose=False)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(spec.jit_library_path, kept)
+        print(f"built {{spec.name}} for sm_90a in {{time.time() - t0:.0f}} s", flush=True)
+    dest = Path({str(site / "flashinfer" / "data" / "aot")!r}) / spec.name / (spec.name + ".so")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(kept, dest)
+"""
+    # FlashInfer links with -lcudart -lcuda from CUDA_HOME's lib64 (and lib64/stubs): CUDA_HOME is the
+    # toolkit of the nvcc that runs (not the folder of a wrapper script on PATH), and an empty libcuda.so
+    # stands in for the driver's (the module loads libcuda through libcudart, not by link)
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise SystemExit("--flashinfer builds FlashInfer's modules with nvcc: none here")
+    toolkit = os.environ.get("CUDA_HOME") or subprocess.run(
+        ["sh", "-c", "nvcc -v -x cu -E /dev/null -o /dev/null 2>&1 | sed -n 's/^#\\$ TOP=//p'"],
+        capture_output=True, text=True).stdout.strip() or str(Path(nvcc).resolve().parent.parent)
+    stubs = work / "stubs"
+    stubs.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cc", "-shared", "-o", str(stubs / "libcuda.so"), "-x", "c", "/dev/null"], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "FLASHINFER", "TVM"))}
+    env.update(PYTHONPATH=str(full), FLASHINFER_CUDA_ARCH_LIST="9.0a", FLASHINFER_WORKSPACE_BASE=str(work / "ws"),
+               CUDA_HOME=str(Path(toolkit).resolve()), FLASHINFER_EXTRA_LDFLAGS=f"-L{stubs}",
+               FLASHINFER_EXTRA_CUDAFLAGS=f"-I{full / 'nvidia' / 'cu13' / 'include'}",
+               MAX_JOBS="2", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+    (site / "flashinfer").mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    src = full / "flashinfer"
+    for f in src.rglob("*"):
+        rel = f.relative_to(src)
+        if f.is_dir() or "__pycache__" in rel.parts:
+            continue
+        if rel.parts[0] == "data" and not (len(rel.parts) == 3 and rel.parts[1] == "csrc"
+                                           and any(f.match(g) for g in FI_KEEP_CSRC)):
+            continue
+        (site / "flashinfer" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, site / "flashinfer" / rel)
+
+
 def clean_env(site: Path, cache: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TILELANG", "TVM"))}
     env.update(PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "src")]), TILELANG_CACHE_DIR=str(cache),
@@ -203,8 +278,26 @@ def main(argv=None) -> int:
     ap.add_argument("--fib", action="store_true",
                     help="pack FlashInfer-Bench and its imports instead (default --out carry/fib.tar.xz); it "
                          "unpacks beside the TileLang archive: site/ is shared")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="pack FlashInfer's prefill kernel instead (default --out carry/flashinfer.tar.xz); it "
+                         "unpacks beside the TileLang archive and uses its apache-tvm-ffi")
     args = ap.parse_args(argv)
     global PINS
+    if args.flashinfer:
+        if args.out == ROOT / "carry" / "tilelang.tar.xz":
+            args.out = ROOT / "carry" / "flashinfer.tar.xz"
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            stage = Path(tmp) / "stage"
+            build_flashinfer(stage / "site", Path(tmp))
+            raw = sum(f.stat().st_size for f in stage.rglob("*") if f.is_file())
+            pack(stage, args.out)
+        print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB, {raw / 2**20:.0f} MiB unpacked) "
+              f"in {time.time() - t0:.0f} s")
+        rel = os.path.relpath(args.out, ROOT)
+        print(f"on the GPU machine (carry = [\"carry/tilelang.tar.xz\", \"{rel}\"]), start the command with:\n  "
+              f"{device_prefix()} tar xJf {rel} -C /tmp/tl &&")
+        return 0
     if args.fib:
         PINS, args.no_kernels = FIB_PINS, True
         if args.out == ROOT / "carry" / "tilelang.tar.xz":

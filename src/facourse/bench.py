@@ -28,6 +28,8 @@ from .hw import gpu_name, require_gpu
 from .reference import kv_head_index
 
 BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+#: The reference backend beside SDPA's, where flashinfer is installed: FlashInfer's prefill kernel.
+FLASHINFER = "FLASHINFER"
 
 #: How ``bench_attention`` times, in one line: every result file names it.
 TIMING = ("facourse.bench.time_calls: CUDA events around each call, GPU time only (the L2 flushed, then a spin "
@@ -50,7 +52,8 @@ class BenchResult:
 
     def summary(self) -> str:
         return (f"{self.config} on {self.gpu}, {self.dtype}: student {self.tflops_student:.0f} TFLOP/s "
-                f"({self.t_student_ms:.3f} ms), SDPA {self.backend} {self.tflops_ref:.0f} TFLOP/s "
+                f"({self.t_student_ms:.3f} ms), {'' if self.backend.startswith(FLASHINFER) else 'SDPA '}{self.backend} "
+                f"{self.tflops_ref:.0f} TFLOP/s "
                 f"({self.t_ref_ms:.3f} ms): {self.ratio:.2f}x the reference")
 
     def as_dict(self) -> dict:
@@ -102,6 +105,56 @@ def sdpa_reference(backend: str = "FLASH_ATTENTION"):
 
     fn.last_backend = used
     return fn, used
+
+
+def flashinfer_available() -> bool:
+    """Whether FlashInfer can be imported here (the ``FLASHINFER`` reference backend)."""
+    import importlib.util
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def flashinfer_reference():
+    """FlashInfer's prefill kernel (``flashinfer.single_prefill_with_kv_cache``) as a function of the
+    course signature; ``(fn, "FLASHINFER")`` like ``sdpa_reference``.
+
+    On the course's contiguous [B, H, S, D] tensors (the bench's inputs) one call serves the whole
+    batch, on views, without a copy: the batch goes into the heads. q is [S, B*Hq, D], K and V
+    [S, B*Hkv, D] (FlashInfer's NHD layout, through their strides), and FlashInfer's grouping
+    (query head i reads KV head i // (Hq/Hkv)) keeps each sequence with its own keys, since every
+    sequence of a configuration has the same lengths; the output, [S, B*Hq, D] as FlashInfer writes
+    it, comes back as a [B, Hq, S, D] view. Other strides (the check's [B, S, H, D] memory) take one
+    call per sequence and a stacked copy of the outputs. FlashInfer's causal mask is aligned
+    bottom-right, like the course's. Its FA3 kernel on Hopper, its FA2 kernel elsewhere
+    (``fn.last_backend`` says which ran). K and V go in as NHD views, not in FlashInfer's HND layout:
+    its FA3 single prefill 0.7.2 stops the process (a floating-point exception) on HND input, on an
+    H100 (2026-11-23)."""
+    import flashinfer
+
+    version = getattr(flashinfer, "__version__", "?")
+
+    def fn(q, k, v, causal=False, scale=None):
+        B, Hq, Sq, D = q.shape
+        kernel = "fa3" if q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0) else "fa2"
+        kw = dict(causal=causal, kv_layout="NHD", sm_scale=D ** -0.5 if scale is None else scale, backend=kernel)
+        fn.last_backend = f"FLASHINFER {version} single_prefill ({kernel})"
+        if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
+            o = flashinfer.single_prefill_with_kv_cache(
+                *(t.view(-1, t.shape[2], D).transpose(0, 1) for t in (q, k, v)), **kw)
+            return o.view(Sq, B, Hq, D).permute(1, 2, 0, 3)
+        outs = [flashinfer.single_prefill_with_kv_cache(*(t[b].transpose(0, 1) for t in (q, k, v)), **kw)
+                for b in range(B)]
+        return torch.stack(outs).permute(0, 2, 1, 3)
+
+    fn.last_backend = FLASHINFER
+    return fn, FLASHINFER
+
+
+def reference(backend: str = "FLASH_ATTENTION"):
+    """A reference backend by name, ``(fn, backend used)``: one of SDPA's (``BACKENDS``) or
+    ``FLASHINFER`` (FlashInfer's prefill kernel, where installed)."""
+    if backend == FLASHINFER:
+        return flashinfer_reference()
+    return sdpa_reference(backend)
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,7 +238,8 @@ def timed_call(fn, q, k, v, do, causal: bool, mode: str):
 def bench_attention(fn, config: str | AttnConfig = "large", *, backend: str = "FLASH_ATTENTION",
                     dtype=torch.float16, rounds: int = 25, warmup: int = 5, seed: int = 0,
                     layout: str = "bhsd", mode: str = "forward") -> BenchResult:
-    """Time ``fn`` against SDPA's ``backend`` on ``config`` (GPU only; raises with a reason on CPU).
+    """Time ``fn`` against the reference ``backend`` (SDPA's, or ``FLASHINFER``) on ``config`` (GPU only;
+    raises with a reason on CPU).
 
     ``mode``: ``"forward"``; ``"backward"`` (``fn`` is a training entry point; the time of
     ``torch.autograd.grad`` through it against SDPA's own backward, FLOPs 2.5x the forward's: the
@@ -193,10 +247,14 @@ def bench_attention(fn, config: str | AttnConfig = "large", *, backend: str = "F
     require_gpu(what="benchmarking")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}, not {mode!r}")
+    if backend == FLASHINFER and (mode != "forward" or layout != "bhsd"):
+        raise ValueError("the FLASHINFER reference times a forward on contiguous [B, H, S, D] inputs "
+                         "(mode='forward', layout='bhsd'): it has no backward, and other layouts would "
+                         "time a copy of its outputs")
     cfg = config if isinstance(config, AttnConfig) else get_config(config, "cuda")
     q, k, v = make_inputs(cfg, seed, "cuda", dtype, layout)
     do = torch.randn_like(q) if mode != "forward" else None
-    ref, _ = sdpa_reference(backend)
+    ref, _ = reference(backend)
     calls = {"s": timed_call(fn, q, k, v, do, cfg.causal, mode), "r": timed_call(ref, q, k, v, do, cfg.causal, mode)}
     gpu, host = time_calls(calls, max(rounds, 20), new_flush_buffer(), warmup)
     ts, tr = statistics.median(gpu["s"]), statistics.median(gpu["r"])

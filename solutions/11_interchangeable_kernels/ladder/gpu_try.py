@@ -12,7 +12,9 @@ sets PYTHONPATH and TILELANG_CACHE_DIR: the archive's kernels are already built,
    [B, H, S, D] inputs (the path the benchmark times: no copy) and two calls with a given scale.
 3. Times it with ``facourse.bench_attention`` (GPU time, L2 flushed, median of 25 interleaved with the
    reference) against SDPA's FLASH_ATTENTION backend (FA2) on ``large`` and ``long``, fp16 and bf16, on
-   contiguous [B, H, S, D]; then fp16 on [B, S, H, D] storage (the kernel's other layout, read in place).
+   contiguous [B, H, S, D]; then fp16 on [B, S, H, D] storage (the kernel's other layout, read in place);
+   then, where flashinfer is installed (tools/carry_tilelang.py --flashinfer), fp16 against FlashInfer's
+   prefill kernel (the bench's FLASHINFER reference: its FA3 kernel on Hopper), the seed's reference.
 4. The tile sweep (unless --no-sweep): each of tilelang_fa.SWEEP_TILES on ``large`` and ``long``,
    fp16, after a check of each on ``ragged``, ``large`` and ``long``.
 
@@ -42,7 +44,7 @@ sys.path[:0] = [str(ROOT / "src"), str(HERE)]
 import torch  # noqa: E402
 
 import tilelang_fa as fa  # noqa: E402
-from facourse.bench import TIMING, bench_attention  # noqa: E402
+from facourse.bench import FLASHINFER, TIMING, bench_attention, flashinfer_available  # noqa: E402
 from facourse.check import check_entry_point  # noqa: E402
 from facourse.configs import CONFIGS, EDGE_CASES, LONG_CONFIG  # noqa: E402
 
@@ -56,7 +58,7 @@ def env_info() -> dict:
             "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "capability": list(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None,
             "tilelang_cache_dir": os.environ.get("TILELANG_CACHE_DIR", "~/.tilelang/cache (default)")}
-    for mod in ("tilelang", "triton", "tvm_ffi"):
+    for mod in ("tilelang", "triton", "tvm_ffi", "flashinfer"):
         try:
             info[mod] = __import__(mod).__version__
         except Exception as e:  # noqa: BLE001
@@ -142,19 +144,21 @@ def check(run: Run, name: str, dtype: str, *, layout: str = "bshd", scale=None, 
     return row["check"] == "ok"
 
 
-def bench(run: Run, name: str, dtype: str, tiles: str | None = None, layout: str = "bhsd") -> None:
+def bench(run: Run, name: str, dtype: str, tiles: str | None = None, layout: str = "bhsd",
+          backend: str = "FLASH_ATTENTION") -> None:
     cfg = LONG_CONFIG if name == "long" else name
-    row = {"kind": "bench", "config": name, "dtype": dtype, "tiles": tiles or "table", "ref_backend": "FLASH_ATTENTION",
+    row = {"kind": "bench", "config": name, "dtype": dtype, "tiles": tiles or "table", "ref_backend": backend,
            "layout": layout}
     t0 = time.time()
     faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
     try:
-        b = bench_attention(fa.flash_attention_tilelang, cfg, backend="FLASH_ATTENTION", dtype=DTYPES[dtype],
+        b = bench_attention(fa.flash_attention_tilelang, cfg, backend=backend, dtype=DTYPES[dtype],
                             layout=layout)
         row.update(ref_backend=b.backend, tflops=round(b.tflops_student, 1), tflops_ref=round(b.tflops_ref, 1),
                    ratio=round(b.ratio, 3), ms=round(b.t_student_ms, 4), ms_ref=round(b.t_ref_ms, 4),
                    host_us=round(b.host_student_us, 1), host_ref_us=round(b.host_ref_us, 1))
-        print(f"  {name:>6} {dtype:>8} {layout} {row['tiles']:<50} {b.tflops_student:6.0f} TFLOP/s vs FA2 {b.tflops_ref:6.0f}"
+        print(f"  {name:>6} {dtype:>8} {layout} {row['tiles']:<50} {b.tflops_student:6.0f} TFLOP/s vs {b.backend} "
+              f"{b.tflops_ref:6.0f}"
               f"  x{b.ratio:.2f}", flush=True)
     except Exception as e:  # noqa: BLE001
         row["error"] = error_text(e)
@@ -173,8 +177,8 @@ def table(run: Run) -> str:
              + "; ".join(f"D={D}: {t}" for D, t in run.d["tiles"].items())]
     lines += [f"  FAILED {r['config']} {r['dtype']} {r['layout']} {r['tiles']}: {r['error'][:200]}"
               for r in checks if r["check"] != "ok"]
-    lines.append(f"{'config':>8} {'dtype':>9} {'layout':>6} {'tiles':<50} {'TileLang':>9} {'FA2':>7} {'ratio':>6}"
-                 "   (TFLOP/s, forward)")
+    lines.append(f"{'config':>8} {'dtype':>9} {'layout':>6} {'tiles':<50} {'TileLang':>9} {'ref':>7} {'ratio':>6}"
+                 "  reference   (TFLOP/s, forward)")
     for r in rows:
         if r["kind"] == "bench":
             lay = r.get("layout", "bhsd")
@@ -182,7 +186,7 @@ def table(run: Run) -> str:
                 lines.append(f"{r['config']:>8} {r['dtype']:>9} {lay:>6} {r['tiles']:<50} error: {r['error'][:80]}")
             else:
                 lines.append(f"{r['config']:>8} {r['dtype']:>9} {lay:>6} {r['tiles']:<50} {r['tflops']:>9.0f} "
-                             f"{r['tflops_ref']:>7.0f} {r['ratio']:>5.2f}x")
+                             f"{r['tflops_ref']:>7.0f} {r['ratio']:>5.2f}x  {r['ref_backend']}")
     return "\n".join(lines)
 
 
@@ -228,6 +232,9 @@ def main(argv=None) -> int:
             bench(run, name, dt)
     for name in ("large", "long"):      # [B, S, H, D] storage, read in place (tilelang_fa.BSHD_DIMS)
         bench(run, name, "float16", layout="bshd")
+    if flashinfer_available():           # the seed's reference (its carried modules: fp16, D 128)
+        for name in ("large", "long"):
+            bench(run, name, "float16", backend=FLASHINFER)
 
     if sweep:
         print("tile sweep (fp16, D = 128):", flush=True)
