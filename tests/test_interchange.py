@@ -453,3 +453,76 @@ def test_trace_verifies_inside_a_graders_collecting_block():
     with collecting():
         assert ic.trace(d, "scaled", runs["scaled"][0], w).evaluation.status.value == "INCORRECT_NUMERICAL"
         assert ic.trace(d, "good", runs["good"][0], w).evaluation.status.value == "PASSED"
+
+
+STUDENT_SCRIPT = r'''
+import json, os, sys
+from pathlib import Path
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from flashinfer_bench.compile import BuilderRegistry
+from facourse import interchange as ic
+root = Path(sys.argv[1])
+found = ic.student_solutions(root)
+out = {"kinds": {k: type(v).__name__ for k, v in found.items()}}
+defn = ic._spec_definition()
+for step in ("05", "06"):
+    s = found[step]
+    if isinstance(s, str):
+        out[step] = s
+        continue
+    out[step + "_sources"] = [f.path for f in s.sources]
+    out[step + "_hardware"] = s.spec.target_hardware
+    if "cpu" in s.spec.target_hardware:
+        run = BuilderRegistry.get_instance().build(defn, s)
+        out[step + "_status"] = [ic.trace(defn, s, run, w).evaluation.status.value for w in ic.workloads("cpu")[:2]]
+print("RESULT " + json.dumps(out))
+'''
+
+
+def _student_folders(tmp_path, kernel_subs=()):
+    """The course's exercise 05 and 06 folders as a student's (their solution cells filled in), under
+    tmp_path; ``kernel_subs`` change exercise 05's kernel cell."""
+    import shutil
+
+    from conftest import ROOT
+    for name in ("05_triton_flash_attention", "06_cuda_flash_attention"):
+        shutil.copytree(ROOT / "solutions" / name, tmp_path / name, ignore=shutil.ignore_patterns("ladder", "*.pct.py"))
+    nb = tmp_path / "05_triton_flash_attention" / "05_triton_flash_attention.ipynb"
+    text = nb.read_text()
+    for old, new in kernel_subs:
+        assert json.dumps(old)[1:-1] in text, old
+        text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
+    nb.write_text(text)
+    return tmp_path
+
+
+def _run_student_script(root):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    r = subprocess.run([sys.executable, "-c", STUDENT_SCRIPT, str(root)], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(next(ln[7:] for ln in r.stdout.splitlines() if ln.startswith("RESULT ")))
+
+
+def test_the_students_own_kernels_register_as_solutions_and_trace_on_the_cpu(tmp_path):
+    """Exercise 11 registers the student's exercise 05 (Triton) and 06 (CUDA) kernels from their
+    notebooks: the Triton one builds and PASSES on CPU workloads in the interpreter; the CUDA one carries
+    its .cu files and targets a GPU only; a kernel with top-left causal traces INCORRECT."""
+    d = _run_student_script(_student_folders(tmp_path))
+    assert d["kinds"] == {"05": "Solution", "06": "Solution"}
+    assert d["05_sources"] == ["main.py"] and d["05_hardware"] == ["cpu", "cuda"]
+    assert d["05_status"] == ["PASSED", "PASSED"], d
+    assert d["06_sources"][0] == "main.py" and "student_kernel.cu" in d["06_sources"] and d["06_hardware"] == ["cuda"]
+    bad = _run_student_script(_student_folders(tmp_path / "bad", [("    off = Skv - Sq", "    off = 0")]))
+    assert bad["05_status"][1] == "INCORRECT_NUMERICAL", bad      # seq_q 64 < seq_kv 256, causal
+
+
+def test_missing_exercise_folders_are_named_not_raised(tmp_path):
+    found = ic.student_solutions(tmp_path)
+    assert all(isinstance(v, str) and "No such file" in v for v in found.values()), found

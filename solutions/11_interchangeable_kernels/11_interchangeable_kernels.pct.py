@@ -2,8 +2,15 @@
 import importlib.util
 import inspect
 import math
+import os
+from pathlib import Path
 
 import torch
+
+from facourse.triton_setup import interpret_without_gpu
+
+interpret_without_gpu()    # before FlashInfer-Bench imports Triton: without a GPU, your exercise 05 kernel
+                           # (registered near the end) runs in Triton's interpreter
 from flashinfer_bench import (AxisConst, AxisVar, BuildSpec, Definition, Solution, SourceFile, TensorSpec,
                               apply, enable_apply)
 from flashinfer_bench.compile import BuilderRegistry
@@ -396,7 +403,7 @@ judge("test_tilelang_other", flash_attention_program)
 # other: here on the CPU stand-in, on the smallest CPU workload (the stand-in runs one element at a time);
 # on an H100 the same solution runs TileLang's compiled kernel, its traces are timed against SDPA, and
 # `apply()` sends it the shapes where it is the fastest that passed. Your step 05 and 06 kernels enter
-# the same way: their files in `sources`, and a `run` that transposes to the course's layout and back.
+# the same way (the cell after this one).
 
 # %% nbgrader={"grade": false, "grade_id": "your_solution", "locked": true, "schema_version": 3, "solution": false, "task": false}
 YOUR_SOURCE = ("import math\n\nfrom facourse.tilelang_kernels import Tiles, run_attention\n\nLN2 = math.log(2.0)\n\n\n"
@@ -413,6 +420,34 @@ yours = Solution(name="your_tilelang", definition=fx.DEFINITION_NAME, author="yo
                  sources=[SourceFile(path="main.py", content=YOUR_SOURCE)])
 for trace in trace_solutions(make_definition(), [yours], fx.workloads("cpu")[:1]):
     print(trace.solution, trace.workload.axes, trace.evaluation.status.value)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "task_your_kernels", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Your Triton and CUDA kernels, registered the same way
+#
+# `fx.student_solutions(root)` reads your exercise 05 and 06 notebooks as you last saved them, from
+# their folders beside this one: the cells that define your kernel (and, for exercise 06, your
+# `student_kernel.cu` with the files it includes) become a solution's sources, with a `run` in the
+# definition's layout (`fx.definition_run`: views both ways, no copy). Your Triton kernel runs here in
+# Triton's interpreter on the smallest CPU workload; your CUDA kernel needs a GPU, where this cell traces
+# both on the first GPU workload. Not graded (the autograder skips this cell); with every solution
+# traced on the GPU workloads, `fx.save_trace_set` and `enable_apply` route calls among your four
+# kernels as they do among the course's (`benchmarks/README.md`, step 11).
+
+# %% nbgrader={"grade": false, "grade_id": "your_kernels", "locked": true, "schema_version": 3, "solution": false, "task": false}
+if os.environ.get("FACOURSE_JUDGE"):
+    print("skipped while grading: this cell is for you")
+else:
+    mine = []
+    for step, found in fx.student_solutions(Path.cwd().parent).items():
+        if isinstance(found, str):
+            print(f"exercise {step}: not registered: {found}")
+        else:
+            print(f"exercise {step}: {found.name}, {found.description}")
+            mine.append(found)
+    here = "gpu" if torch.cuda.is_available() else "cpu"
+    runnable = [s for s in mine if here == "gpu" or "cpu" in s.spec.target_hardware]
+    for trace in trace_solutions(make_definition(), runnable, fx.workloads(here)[:1]):
+        print(trace.solution, trace.workload.axes, trace.evaluation.status.value)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task_tilelang_compile", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## TileLang's compiler, without a GPU
