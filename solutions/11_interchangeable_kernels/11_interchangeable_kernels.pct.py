@@ -447,7 +447,8 @@ else:
     here = "gpu" if torch.cuda.is_available() else "cpu"
     runnable = [s for s in mine if here == "gpu" or "cpu" in s.spec.target_hardware]
     for trace in trace_solutions(make_definition(), runnable, fx.workloads(here)[:1]):
-        print(trace.solution, trace.workload.axes, trace.evaluation.status.value)
+        why = [ln for ln in (trace.evaluation.log or "").splitlines() if ln.strip()][-1:]
+        print(trace.solution, trace.workload.axes, trace.evaluation.status.value, *why)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task_tilelang_compile", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## TileLang's compiler, without a GPU
