@@ -25,11 +25,11 @@ into ``carry/fib.tar.xz`` (about 3 MiB), for step 11's traces (benchmarks/ladder
 unpacks into the same folder as the TileLang archive (both hold a site/).
 
 With --flashinfer it packs FlashInfer's prefill kernel, the bench's extra reference backend "FLASHINFER"
-(facourse.bench.flashinfer_reference), into ``carry/flashinfer.tar.xz`` (a few MiB; it too unpacks into
+(facourse.bench.flashinfer_reference), into ``carry/flashinfer.tar.xz`` (7.5 MiB; it too unpacks into
 the TileLang archive's folder and uses its apache-tvm-ffi): flashinfer-python 0.7.2.post1's Python files,
 the prefill templates its module generator reads, and its two single-prefill modules for fp16 and head
 dim 128 (the graded perf configurations), FA2 and FA3, built here for sm_90a with this machine's nvcc
-(about 1 and 11 minutes on 2 cores; kept in ~/.cache/facourse-carry/flashinfer-aot for the next run)
+(63 s and 320 s on 2 cores, 2026-11-23; kept in ~/.cache/facourse-carry/flashinfer-aot for the next run)
 into flashinfer/data/aot/, where FlashInfer loads a module without building it. Left out: the kernels'
 sources and headers (CUTLASS, CCCL: about 330 MB), which only a build needs.
 
