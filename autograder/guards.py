@@ -71,6 +71,12 @@ _ATTN_CAUSE = ("this step grades your own attention, so PyTorch's attention may 
 _SOFTMAX_CAUSE = ("a softmax over all {skv} keys at once materialises the full score matrix, which "
                   "is vanilla attention: loop over key tiles K_j, V_j and keep the running max m_i "
                   "and sum l_i (online softmax) instead")
+_KV_COPY_CAUSE = ("K and V copied once per query head (GQA expanded outside the kernel): with GQA, query head h "
+                  "reads KV head h // (Hq // Hkv) inside the kernel, from the K and V it was given; the copies "
+                  "cost the memory and the bandwidth GQA exists to save")
+#: What a guarded call with ``forbid_kv_copies`` may allocate besides its outputs (o like q, lse): one copy
+#: of each input (a .contiguous() of q, k or v) and this much more.
+KV_COPY_SLACK = 64 * 1024
 
 
 def _softmax_dim(args, kwargs, aten: bool):
@@ -83,10 +89,35 @@ def _softmax_dim(args, kwargs, aten: bool):
 class _Watch:
     """Shared state of one guarded call: the score shape, what was seen, whether softmax is allowed."""
 
-    def __init__(self, name: str, skv: int, allow_softmax: bool, forbid_matmul: bool = False):
+    def __init__(self, name: str, skv: int, allow_softmax: bool, forbid_matmul: bool = False, kv=None, budget=None):
         self.name, self.skv, self.allow_softmax = name, skv, allow_softmax
         self.forbid_matmul = forbid_matmul
         self.violations: list[str] = []
+        # forbid_kv_copies: the storages of k and v, every storage seen, and the bytes the call may allocate
+        self.kv = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kv or ()}
+        self.seen = set(self.kv)
+        self.budget, self.allocated = budget, 0
+
+    def allocations(self, func, args, out) -> None:
+        """Under forbid_kv_copies: an op that makes K or V larger (repeat_interleave, index_select, cat, an
+        expanded view copied), or more new memory than the call's outputs and one copy of each input."""
+        from torch.utils._pytree import tree_flatten
+
+        new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
+               and t.untyped_storage().data_ptr() not in self.seen]
+        if not new:
+            return
+        grown = max((t.untyped_storage().nbytes() for t in new), default=0)
+        for a in tree_flatten((args,))[0]:
+            if isinstance(a, torch.Tensor) and self.kv.get(a.untyped_storage().data_ptr(), grown) < grown:
+                self.flag(f"{func.name()} on K or V, making it {grown / max(self.kv[a.untyped_storage().data_ptr()], 1):.1f}x larger",
+                          _KV_COPY_CAUSE)
+        for t in new:
+            self.seen.add(t.untyped_storage().data_ptr())
+            self.allocated += t.untyped_storage().nbytes()
+        if self.allocated > self.budget:
+            self.flag(f"memory for {self.allocated / 2**20:.2f} MiB of new tensors (its outputs and one copy of "
+                      f"q, k and v take at most {self.budget / 2**20:.2f} MiB)", _KV_COPY_CAUSE)
 
     def flag(self, api: str, cause: str) -> None:
         msg = (f"[anti-cheat] {self.name} called {api} while it was being graded.\n"
@@ -133,15 +164,20 @@ class _DispatchGuard(TorchDispatchMode):
             self.watch.flag(f"a PyTorch matrix product ({name})", _MATMUL_CAUSE)
         if name.split(".")[0] in _ATEN_SOFTMAX and args:
             self.watch.softmax(name.split(".")[0], args[0], _softmax_dim(args, kwargs, True))
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.watch.budget is not None:
+            self.watch.allocations(func, (args, kwargs), out)
+        return out
 
 
 @contextlib.contextmanager
 def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
-                                  allow_softmax: bool = False, forbid_matmul: bool = False):
+                                  allow_softmax: bool = False, forbid_matmul: bool = False, kv=None, budget=None):
     """While the block runs, PyTorch's attention (and a softmax over all ``skv`` keys unless
-    ``allow_softmax``) raises :class:`CheatDetected`; a hidden violation is raised at the end."""
-    watch = _Watch(name, skv, allow_softmax, forbid_matmul)
+    ``allow_softmax``) raises :class:`CheatDetected`; a hidden violation is raised at the end. With
+    ``kv`` (the call's k and v) and ``budget`` (bytes), so does copying K or V into something larger, or
+    allocating more than ``budget`` bytes of new tensors in all."""
+    watch = _Watch(name, skv, allow_softmax, forbid_matmul, kv, budget)
     mha = torch.nn.MultiheadAttention.forward
 
     def forbidden_mha(*args, **kwargs):
@@ -158,20 +194,31 @@ def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
                             "it still counts)")
 
 
-def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: bool = False):
+def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: bool = False,
+                               forbid_kv_copies: bool = False):
     """``fn`` wrapped so that it may not call PyTorch's attention while it runs (see module doc).
 
     Step 01 (vanilla attention) passes ``allow_softmax=True``: it may use ``torch.softmax`` but not
     SDPA. Steps 04 and later use the default, which also forbids a softmax over the whole row.
     Step 08 adds ``forbid_matmul=True``: its kernels compute every matrix product (PyTorch's
     matmul family, at the dispatcher, raises); the guard covers its forward and its backward.
+    Step 05 adds ``forbid_kv_copies=True``: GQA is the kernel's (query head h reads KV head h // G), so
+    a call that makes K or V larger (one copy per query head, around a multi-head kernel such as the
+    lecture's) raises, and so does one that allocates more than its outputs (o, lse) and one copy of
+    each input, plus ``KV_COPY_SLACK``.
     """
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "the entry point")
 
     @functools.wraps(fn)
     def guarded(q, k, v, *args, **kwargs):
         skv = k.shape[-2] if isinstance(k, torch.Tensor) and k.dim() >= 2 else 0
-        with framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul):
+        kv = budget = None
+        if forbid_kv_copies and all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+            nbytes = lambda t: t.untyped_storage().nbytes()                    # noqa: E731
+            kv = (k, v)
+            lse = q.numel() // max(q.shape[-1], 1) * 4
+            budget = 2 * q.numel() * q.element_size() + lse + nbytes(k) + nbytes(v) + KV_COPY_SLACK
+        with framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul, kv, budget):
             return fn(q, k, v, *args, **kwargs)
 
     return guarded

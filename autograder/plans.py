@@ -152,7 +152,7 @@ def _step04() -> dict[str, Test]:
 
 
 def _step05() -> dict[str, Test]:
-    guard = {"allow_softmax": False}
+    guard = {"allow_softmax": False, "forbid_kv_copies": True}
     lse = {"expect_lse": True}
     tests = _attention_step(True, guard)
     tests.update({

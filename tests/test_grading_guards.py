@@ -159,3 +159,47 @@ def test_roofline():
     assert msg and "above what" in msg and "another CUDA stream" in msg
     assert guards.roofline_verdict(400, "NVIDIA A100-SXM4-80GB")
     assert guards.roofline_verdict(50, "x", ceiling=40) and guards.roofline_verdict(41, "x", ceiling=40) is None
+
+
+# ----------------------------------------------------------------------------- K and V copied per query head
+def _gqa_inputs():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 64, 32, generator=g)
+    k, v = torch.randn(2, 2, 96, 32, generator=g), torch.randn(2, 2, 96, 32, generator=g)
+    return q, k.transpose(1, 2).contiguous().transpose(1, 2), v      # k a strided view, as the checks pass it
+
+
+def _outputs(q):
+    return torch.empty_like(q), torch.empty(q.shape[:3])
+
+
+KV_COPIES = {
+    "repeat_interleave": lambda q, k, v: (k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)),
+    "index_select": lambda q, k, v: (k.index_select(1, torch.arange(8) // 4), v.index_select(1, torch.arange(8) // 4)),
+    "expand_reshape": lambda q, k, v: tuple(t[:, :, None].expand(2, 2, 4, 96, 32).reshape(2, 8, 96, 32) for t in (k, v)),
+    "cat": lambda q, k, v: (torch.cat([k] * 4, dim=1), torch.cat([v] * 4, dim=1)),
+    "buffer_filled_head_by_head": lambda q, k, v: tuple(
+        torch.stack([t[:, h // 4] for h in range(8)], dim=1) for t in (k, v)),
+}
+
+
+@pytest.mark.parametrize("how", KV_COPIES)
+def test_kv_copied_per_query_head_is_caught(how):
+    """Step 05's guard: GQA is the kernel's. Every way to hand a multi-head kernel K and V repeated for
+    each query head raises, naming the cause."""
+    def expanded(q, k, v, causal=False, scale=None):
+        KV_COPIES[how](q, k, v)
+        return _outputs(q)
+
+    with pytest.raises(CheatDetected, match=r"K and V copied once per query head.*h // \(Hq // Hkv\)"):
+        forbid_framework_attention(expanded, forbid_kv_copies=True)(*_gqa_inputs())
+    forbid_framework_attention(expanded)(*_gqa_inputs())          # the other steps' guard lets it be
+
+
+def test_outputs_and_one_copy_of_each_input_are_allowed():
+    def contiguous_copies(q, k, v, causal=False, scale=None):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        return _outputs(q)
+
+    o, lse = forbid_framework_attention(contiguous_copies, forbid_kv_copies=True)(*_gqa_inputs())
+    assert o.shape == (2, 8, 64, 32) and lse.shape == (2, 8, 64)

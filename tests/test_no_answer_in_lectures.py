@@ -1,5 +1,7 @@
-"""No answer in the lecture (issue 20): the attention-like functions of lectures 02-05, wrapped into
-the matching exercise's entry point, fail that exercise's checks.
+"""No answer in the lecture (issue 20), for every lecture/exercise pair 02-12: the attention-like functions
+of a lecture, wrapped into the matching exercise's entry point, fail that exercise's checks or score nothing
+through the judge (02-05, 08-10, 12); lectures 06 and 07 hold no line of their exercise's device functions,
+and lecture 11 none of its exercise's answers.
 
 The functions are taken from the lecture's text twin by name (so the test follows the lecture when
 it changes) and wrapped the way a student would: a two-line call for the loophole the issue found
@@ -27,13 +29,13 @@ HEAD = "import math\nimport torch\nfrom facourse import *\n"   # what the lectur
 
 
 def lecture_source(lecture: str, names) -> str:
-    """The top-level functions ``names`` of course/<lecture>.pct.py, decorators included."""
+    """The top-level functions (and classes) ``names`` of course/<lecture>.pct.py, decorators included."""
     path = ROOT / "course" / f"{lecture}.pct.py"
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     found, out = set(), []
     for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name in names:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
             start = min([d.lineno for d in node.decorator_list] + [node.lineno])
             out.append("\n".join(lines[start - 1:node.end_lineno]))
             found.add(node.name)
@@ -369,3 +371,96 @@ def test_lecture_11_has_no_trace_solutions_loop_and_no_attention_deployment():
             names.add(node.value)
     assert not names & INTERCHANGE_ANSWERS, f"lecture 11's code names {sorted(names & INTERCHANGE_ANSWERS)}"
 
+
+
+# ----------------------------------------------------------------------------- lectures 06, 07 -> exercises 06, 07
+def cuda_answer_lines(step: str) -> list[str]:
+    """The distinctive lines of a CUDA exercise's solution regions (ladder/student_kernel_solution.cu, between
+    `// BEGIN SOLUTION` and `// END SOLUTION`): at least 30 characters of code, comments dropped, not in what
+    the exercise gives every student (the file outside the regions, and the headers beside it)."""
+    folder = next((ROOT / "solutions").glob(f"{step}_*"))
+    src = (folder / "ladder" / "student_kernel_solution.cu").read_text(encoding="utf-8")
+    regions = re.findall(r"// BEGIN SOLUTION\n(.*?)// END SOLUTION", src, re.S)
+    given_files = [re.sub(r"// BEGIN SOLUTION\n.*?// END SOLUTION", "", src, flags=re.S)]
+    given_files += [p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.cu*")) + sorted(folder.glob("*.h"))
+                    if p.name != "student_kernel.cu"]
+    code = lambda ln: " ".join(ln.split("//", 1)[0].split())           # noqa: E731
+    given = {code(ln) for text in given_files for ln in text.splitlines()}
+    return sorted({code(ln) for r in regions for ln in r.splitlines()} - given - {""}, key=len)[::-1]
+
+
+@pytest.mark.parametrize("step,lecture", [("06", "06_cuda_flash_attention"), ("07", "07_hopper_flash_attention")])
+def test_cuda_lectures_hold_no_line_of_their_exercises_solution(step, lecture):
+    """Lectures 06 and 07 draw the fragments, the swizzles and the barriers and run the ladder's kernels
+    from solutions/ (not in the student archive); no line of the exercise's device functions (its
+    solution regions) appears in the lecture, code or prose."""
+    answer = [ln for ln in cuda_answer_lines(step) if len(ln) >= 30]
+    assert len(answer) >= 15, answer              # the regions were found: the test checks something
+    text = " ".join(" ".join(ln.lstrip("# ").split()) for ln in
+                    (ROOT / "course" / f"{lecture}.pct.py").read_text(encoding="utf-8").splitlines())
+    found = [ln for ln in answer if ln in text]
+    assert not found, f"lecture {step} holds exercise {step}'s answer lines: {found}"
+
+
+# ----------------------------------------------------------------------------- lecture 08 -> exercise 08
+def test_lecture_08_tiled_attention_wrapped_as_the_exercise_scores_nothing():
+    """Lecture 08's tiled forward and backward (PyTorch tiles inside an autograd.Function) computes right
+    gradients; wrapped as exercise 08's entry point, the graded tests refuse it: its products are
+    PyTorch's (exercise 08's guard forbids them), the kernels are to be written in Triton."""
+    from autograder.judge import run_inprocess
+    from facourse.backward import check_gradients
+
+    ns = lecture_functions("08_backward", ["tiles", "query_tiles_for_key_tile", "tiled_forward", "tiled_backward",
+                                           "TiledAttention", "tiled_attention"])
+
+    def flash_attention_train(q, k, v, causal=False, scale=None):
+        return ns["tiled_attention"](q, k, v, causal, scale)
+
+    assert fails(lambda: check_gradients(flash_attention_train, "small", seed=1, device="cpu", verbose=False)) is None
+    v = run_inprocess("08_backward", flash_attention_train, ["test_small"])["test_small"]
+    assert v.points == 0, f"the lecture's tiled attention scored {v.points}"
+    assert "matrix product" in v.message, v.message
+
+
+def test_lecture_05_kernel_with_gqa_copied_outside_scores_nothing():
+    """The natural adapter for lecture 05's multi-head kernels (stage 4, GQA, is the exercise's): K and V
+    repeated for every query head, then stage 3. It is a correct attention (the course's check passes
+    it); the graded tests refuse it (exercise 05's guard: GQA is the kernel's, no copy of K and V per
+    query head), and say so."""
+    names = ["launch", "online_softmax_update", "key_tiles", "attn_causal", "stage3"]
+    src = ("import math\nimport torch\nimport triton\nimport triton.language as tl\n"
+           + lecture_source("05_triton_flash_attention", names))
+    code = textwrap.dedent(f"""
+        from facourse.triton_setup import interpret_without_gpu
+        interpret_without_gpu()
+        import importlib.util, sys
+        path = sys.argv[1]
+        open(path, "w").write({src!r})
+        spec = importlib.util.spec_from_file_location("lecture05", path)
+        lec = importlib.util.module_from_spec(spec); spec.loader.exec_module(lec)
+        from facourse import check_entry_point
+        from autograder.judge import run_inprocess
+
+        def flash_attention_triton(q, k, v, causal=False, scale=None):
+            group = q.shape[1] // k.shape[1]
+            return lec.stage3(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), causal, scale)
+
+        check_entry_point(flash_attention_triton, "small", seed=0, expect_lse=True, verbose=False)
+        print("CORRECT")
+        for test in ("test_small", "test_edge_empty_rows"):
+            v = run_inprocess("05_triton_flash_attention", flash_attention_triton, [test])[test]
+            print("VERDICT", test, v.points, v.message.replace(chr(10), " "))
+        """)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "lecture05.py")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "CORRECT" in r.stdout, r.stdout
+    verdicts = [ln.split(" ", 3) for ln in r.stdout.splitlines() if ln.startswith("VERDICT")]
+    assert len(verdicts) == 2, r.stdout
+    for _, test, points, message in verdicts:
+        assert float(points) == 0, f"{test}: the lecture's kernel with K and V copied per head scored {points}"
+        assert "K and V copied once per query head" in message and "h // (Hq // Hkv)" in message, message
