@@ -62,7 +62,10 @@ STUDENT_SOURCE = KERNEL_DIR / "student_kernel.cu"
 #    gives the B fragments of two `mma_16816` calls. Which lanes address which 8x8 matrix? (the figure
 #    `diagrams/ldmatrix_x4.png`). K is stored `[key][d]`, which is B "col" already: no `.trans`.
 # 3. `online_softmax_update`: a row lives in the 4 lanes of a quad (`quad_max`, `quad_sum`); a row
-#    whose keys were all masked so far has `m = -inf`: `exp2(-inf - (-inf))` is NaN, guard it.
+#    whose keys were all masked so far has `m = -inf`: `exp2(-inf - (-inf))` is NaN. The scalar steps
+#    of `fa_primitives.cuh` carry that guard (`fa::finite_max` for the exponents' offset,
+#    `fa::rescale_factor` for alpha), as in every rung of the course's ladder: this exercise is about
+#    the fragments, the quad reductions and the loop over them; read the two, and use them.
 # 4. `pv_tile`: the C fragments of keys `16kk..16kk+7` and `16kk+8..16kk+15` are the A fragment of P
 #    (`diagrams/mma_m16n8k16_fragments.png`); V is `[key][d]`, row-major B: `ldmatrix_x4_trans`.
 #
