@@ -333,8 +333,12 @@ def pytest_collection_modifyitems(config, items):
 
 # ----------------------------------------------------------------------------- CUDA exercises' visible cells
 _CUDA_VISIBLE_RUNNER = textwrap.dedent("""
-    import contextlib, io, json, os, sys, time, traceback
+    import contextlib, io, json, os, resource, sys, time, traceback
     nb_path, plan_path, out_path = sys.argv[1:4]
+
+    def cpu_seconds():      # this process's CPU time and its finished children's (g++, the emulator)
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + r.ru_utime + r.ru_stime
     nb = json.load(open(nb_path))
     plan = json.load(open(plan_path))          # [[folder, [grade_ids to skip]], ...]
     results = {}
@@ -349,13 +353,14 @@ _CUDA_VISIBLE_RUNNER = textwrap.dedent("""
             if gid in skip or (meta.get("grade") and gid not in %(visible)r):
                 continue                               # hidden tests: the judge's, not visible
             src = "".join(cell["source"]).split("### BEGIN HIDDEN TESTS")[0]
-            buf, t0, err = io.StringIO(), time.perf_counter(), None
+            buf, t0, c0, err = io.StringIO(), time.perf_counter(), cpu_seconds(), None
             try:
                 with contextlib.redirect_stdout(buf):
                     exec(compile(src, f"cell_{gid}", "exec"), ns)
             except Exception as e:                     # Run All would stop here; the test looks further
                 err = type(e).__name__ + ": " + str(e)
-            cells[gid] = {"out": buf.getvalue(), "error": err, "s": round(time.perf_counter() - t0, 2)}
+            cells[gid] = {"out": buf.getvalue(), "error": err, "s": round(time.perf_counter() - t0, 2),
+                          "cpu": round(cpu_seconds() - c0, 2)}
         results[folder] = cells
     json.dump(results, open(out_path, "w"))
 """ % {"visible": ("test_small",)})
@@ -364,7 +369,7 @@ _CUDA_VISIBLE_RUNNER = textwrap.dedent("""
 def run_cuda_visible(tmp_path: Path, step: Path, notebook: str, given: tuple, kernels: dict[str, str],
                      skip=(), processes: int = 1) -> dict[str, dict]:
     """Exercises 06 and 07 on a machine without a GPU: {case: student_kernel.cu text} -> {case: {grade_id:
-    {"out", "error", "s"}}}, each case in a copy of the exercise's folder (its ``given`` files), its visible
+    {"out", "error", "s", "cpu"}}}, each case in a copy of the exercise's folder (its ``given`` files), its visible
     cells run as a student's Run All (without stopping), the cases spread over ``processes`` subprocesses
     (they share one build cache, as one student's machine)."""
     import subprocess

@@ -194,7 +194,9 @@ def test_visible_cells_on_cpu_solution_and_stub(tmp_path):
     assert "nvcc OK for sm_80" in sol["compile_check"]["out"] and "Compiles without spills" in sol["compile_check"]["out"]
     assert "Not implemented" not in sol["compile_check"]["out"]
     assert sol["cpu_checks"]["out"].count(" ok: ") == 4 and "What only a GPU checks" in sol["cpu_checks"]["out"]
-    assert sol["cpu_checks"]["s"] < 30, sol["cpu_checks"]["s"]
+    # the work, in CPU seconds (its own and g++'s): the wall time moves with the suite's load beside it
+    # (30.8 s once in CI, for about 14 s of CPU on an idle machine)
+    assert sol["cpu_checks"]["cpu"] < 30, (sol["cpu_checks"]["cpu"], sol["cpu_checks"]["s"])
     # the visible cells (set-up cells aside, as in test_visible_feedback.py): nvcc and g++ side by side,
     # 11-15 s measured on 2 cores under a load of 5; the bound leaves room for nvcc on a busier machine
     visible = sum(sol[g]["s"] for g in ("compile_check", "cpu_checks", "test_small"))

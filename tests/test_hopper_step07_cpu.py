@@ -203,7 +203,9 @@ def test_visible_cells_on_cpu_solution_and_stub(tmp_path):
     assert all(c["error"] is None for c in sol.values()), {g: c["error"] for g, c in sol.items()}
     out = sol["cpu_checks"]["out"]
     assert out.count(" ok: ") == 4 and "What only an H100/H200 checks" in out and "FAILED" not in out, out
-    assert sol["cpu_checks"]["s"] < 30, sol["cpu_checks"]["s"]
+    # the work, in CPU seconds (its own and g++'s): the wall time moves with the suite's load beside it
+    # (30.8 s once in CI, for about 14 s of CPU on an idle machine)
+    assert sol["cpu_checks"]["cpu"] < 30, (sol["cpu_checks"]["cpu"], sol["cpu_checks"]["s"])
     # the GPU test says so in one sentence and does not stop Run All
     assert sol["test_small"]["out"].startswith("Skipped, 0 points on this machine:"), sol["test_small"]["out"]
     assert sol["test_small"]["out"].count("\n") == 1
