@@ -93,31 +93,33 @@ class _Watch:
         self.name, self.skv, self.allow_softmax = name, skv, allow_softmax
         self.forbid_matmul = forbid_matmul
         self.violations: list[str] = []
-        # forbid_kv_copies: the storages of k and v, every storage seen, and the bytes the call may allocate
-        self.kv = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kv or ()}
+        # forbid_kv_copies: the elements of k's and v's storages, every storage seen, the bytes the call may allocate
+        self.kv = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size() for t in kv or ()}
         self.seen = set(self.kv)
         self.budget, self.allocated = budget, 0
 
     def allocations(self, func, args, out) -> None:
-        """Under forbid_kv_copies: an op that makes K or V larger (repeat_interleave, index_select, cat, an
-        expanded view copied), or more new memory than the call's outputs and one copy of each input."""
+        """Under forbid_kv_copies: an op on K or V whose result holds more elements than K or V
+        (repeat_interleave, index_select, cat, an expanded view copied; a change of dtype is not one), or
+        more new memory in all than the call's outputs and one copy of each input."""
         from torch.utils._pytree import tree_flatten
 
         new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
                and t.untyped_storage().data_ptr() not in self.seen]
         if not new:
             return
-        grown = max((t.untyped_storage().nbytes() for t in new), default=0)
+        grown = max(t.untyped_storage().nbytes() // t.element_size() for t in new)
         for a in tree_flatten((args,))[0]:
             if isinstance(a, torch.Tensor) and self.kv.get(a.untyped_storage().data_ptr(), grown) < grown:
-                self.flag(f"{func.name()} on K or V, making it {grown / max(self.kv[a.untyped_storage().data_ptr()], 1):.1f}x larger",
-                          _KV_COPY_CAUSE)
+                self.flag(f"{func.name()} on K or V, making it {grown / max(self.kv[a.untyped_storage().data_ptr()], 1):.1f}x "
+                          "larger", _KV_COPY_CAUSE)
         for t in new:
             self.seen.add(t.untyped_storage().data_ptr())
             self.allocated += t.untyped_storage().nbytes()
         if self.allocated > self.budget:
-            self.flag(f"memory for {self.allocated / 2**20:.2f} MiB of new tensors (its outputs and one copy of "
-                      f"q, k and v take at most {self.budget / 2**20:.2f} MiB)", _KV_COPY_CAUSE)
+            self.flag(f"memory for {self.allocated / 2**20:.2f} MiB of new tensors, more than its outputs and one "
+                      f"copy of q, k and v ({self.budget / 2**20:.2f} MiB)", "K and V copied once per query head? "
+                      + _KV_COPY_CAUSE.split(": ", 1)[1])
 
     def flag(self, api: str, cause: str) -> None:
         msg = (f"[anti-cheat] {self.name} called {api} while it was being graded.\n"

@@ -203,3 +203,11 @@ def test_outputs_and_one_copy_of_each_input_are_allowed():
 
     o, lse = forbid_framework_attention(contiguous_copies, forbid_kv_copies=True)(*_gqa_inputs())
     assert o.shape == (2, 8, 64, 32) and lse.shape == (2, 8, 64)
+
+
+def test_a_change_of_dtype_is_not_a_copy_per_head():
+    def upcast(q, k, v, causal=False, scale=None):
+        k, v = k.double(), v.double()                     # wasteful, not GQA expanded: as many elements
+        return _outputs(q)
+
+    forbid_framework_attention(upcast, forbid_kv_copies=True)(*_gqa_inputs())
