@@ -149,9 +149,11 @@ def test_lecture_04_demo_with_a_full_adapter_still_fails_exercise_04():
 
 
 # ----------------------------------------------------------------------------- lecture 05 -> exercise 05
-def test_lecture_05_kernels_fail_exercise_05():
-    names = ["launch", "attn_one_tile", "online_softmax_update", "attn_loop", "key_tiles", "attn_causal",
-             "stage1", "stage2", "stage3"]
+def run_with_lecture_05(names, body: str) -> str:
+    """``body`` run in Triton's interpreter (a fresh process: TRITON_INTERPRET before triton is imported),
+    with lecture 05's functions ``names`` loaded from a file as ``lec``; its stdout."""
+    import tempfile
+
     src = ("import math\nimport torch\nimport triton\nimport triton.language as tl\n"
            + lecture_source("05_triton_flash_attention", names))
     code = textwrap.dedent(f"""
@@ -162,6 +164,19 @@ def test_lecture_05_kernels_fail_exercise_05():
         open(path, "w").write({src!r})
         spec = importlib.util.spec_from_file_location("lecture05", path)
         lec = importlib.util.module_from_spec(spec); spec.loader.exec_module(lec)
+        """) + textwrap.dedent(body)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "lecture05.py")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_lecture_05_kernels_fail_exercise_05():
+    out = run_with_lecture_05(["launch", "attn_one_tile", "online_softmax_update", "attn_loop", "key_tiles",
+                               "attn_causal", "stage1", "stage2", "stage3"], """
         from facourse import check_entry_point
         for stage in ("stage1", "stage2", "stage3"):
             for cfg in ("small", "medium", "noncausal", "asymmetric", "ragged", "decode", "empty_rows", "d64", "mqa", "overflow"):
@@ -171,16 +186,9 @@ def test_lecture_05_kernels_fail_exercise_05():
                 except (AssertionError, ValueError) as e:
                     print("FAILED", stage, cfg, type(e).__name__)
         """)
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "lecture05.py")], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("PASSED", "FAILED"))]
-    assert len(lines) == 30, r.stdout
-    assert not [ln for ln in lines if ln.startswith("PASSED")], r.stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith(("PASSED", "FAILED"))]
+    assert len(lines) == 30, out
+    assert not [ln for ln in lines if ln.startswith("PASSED")], out
 
 
 # ----------------------------------------------------------------------------- lecture 09 -> exercise 09
@@ -427,17 +435,7 @@ def test_lecture_05_kernel_with_gqa_copied_outside_scores_nothing():
     repeated for every query head, then stage 3. It is a correct attention (the course's check passes
     it); the graded tests refuse it (exercise 05's guard: GQA is the kernel's, no copy of K and V per
     query head), and say so."""
-    names = ["launch", "online_softmax_update", "key_tiles", "attn_causal", "stage3"]
-    src = ("import math\nimport torch\nimport triton\nimport triton.language as tl\n"
-           + lecture_source("05_triton_flash_attention", names))
-    code = textwrap.dedent(f"""
-        from facourse.triton_setup import interpret_without_gpu
-        interpret_without_gpu()
-        import importlib.util, sys
-        path = sys.argv[1]
-        open(path, "w").write({src!r})
-        spec = importlib.util.spec_from_file_location("lecture05", path)
-        lec = importlib.util.module_from_spec(spec); spec.loader.exec_module(lec)
+    out = run_with_lecture_05(["launch", "online_softmax_update", "key_tiles", "attn_causal", "stage3"], """
         from facourse import check_entry_point
         from autograder.judge import run_inprocess
 
@@ -451,16 +449,9 @@ def test_lecture_05_kernel_with_gqa_copied_outside_scores_nothing():
             v = run_inprocess("05_triton_flash_attention", flash_attention_triton, [test])[test]
             print("VERDICT", test, v.points, v.message.replace(chr(10), " "))
         """)
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([sys.executable, "-c", code, os.path.join(d, "lecture05.py")], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "CORRECT" in r.stdout, r.stdout
-    verdicts = [ln.split(" ", 3) for ln in r.stdout.splitlines() if ln.startswith("VERDICT")]
-    assert len(verdicts) == 2, r.stdout
+    assert "CORRECT" in out, out
+    verdicts = [ln.split(" ", 3) for ln in out.splitlines() if ln.startswith("VERDICT")]
+    assert len(verdicts) == 2, out
     for _, test, points, message in verdicts:
         assert float(points) == 0, f"{test}: the lecture's kernel with K and V copied per head scored {points}"
         assert "K and V copied once per query head" in message and "h // (Hq // Hkv)" in message, message
