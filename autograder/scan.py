@@ -57,7 +57,7 @@ INTERCHANGE_ANSWERS = re.compile(r"\b(?:_spec_definition|SPEC|AXES|INPUTS|OUTPUT
 # Step 11's TileLang program: on the CPU it runs on facourse.tilelang_cpu, whose buffers hold NumPy arrays;
 # a program that reaches them (or the stand-in's internals) computes outside the language, which only the
 # GPU tests (TileLang's compiler) would refuse: for an instructor to look at.
-TILELANG_STAND_IN = re.compile(r"\.arr\b|\btilelang_cpu\b|\b_(?:Global|Buf|Region|Launch|LAUNCHES)\b")
+TILELANG_STAND_IN = re.compile(r"\.arr\b|['\"]arr['\"]|\btilelang_cpu\b|\b_(?:Global|Buf|Region|Launch|LAUNCHES)\b")
 CUDA_TAMPER = re.compile(r"Python\.h|pybind11|\bPy[A-Z_][A-Za-z_]*\s*\(|\bdlopen\b|\bdlsym\b|\bsystem\s*\(|"
                          r"\bpopen\s*\(|\bfork\s*\(|\bexecv|\bexecl|\bgetenv\s*\(|\bfopen\s*\(")
 

@@ -216,7 +216,8 @@ def test_scan_review_flags_and_clean_code():
                            "    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v", "cell x")
     for answer in ("d = fx._spec_definition()", "d = Definition(**fx.SPEC, reference=src)",
                    "from facourse.interchange import routing_trace_set",      # step 11's answers, from the library
-                   "O.arr[...] = 0", "import facourse.tilelang_cpu"):          # or past the TileLang stand-in
+                   "O.arr[...] = 0", "getattr(O, 'arr')[...] = 0",             # or past the TileLang stand-in
+                   "import facourse.tilelang_cpu"):
         assert [f.severity for f in scan_source(answer, "cell x")] == ["review"], answer
     assert not scan_source('d = Definition(name="mini_flash_attention_prefill", axes=axes)', "cell x")
     assert scan_cuda('#include <Python.h>\nvoid f() { system("ls"); }', "k.cu")
