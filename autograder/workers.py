@@ -7,6 +7,8 @@ kernel runs, a :class:`~autograder.judge.Judge` in this process serves its hidde
 decides every graded cell's points; nbgrader's own scores are not used. Only this process writes
 the shared gradebook, one submission at a time; every finished submission is also recorded as
 results/<student>/<assignment>.json, so an interrupted run started again skips what is done.
+With ``--cluster``, ``cluster.py`` sends each submission to a Ray task that grades it with the same
+function (:func:`grade_submission`) on another machine; recording stays here.
 """
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ from .scan import as_records, scan_submission
 os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 #: Code whose change changes grades: a recorded result made with other versions is graded again.
 GRADING_SOURCES = [HERE / n for n in ("thresholds.toml", "plans.py", "checks.py", "judge.py", "scan.py")]
+#: Status of a submission that was not graded for a reason of the grading machinery (a cluster task
+#: lost every time): no record, no gradebook entry, no grade; the next run grades it.
+UNGRADED = "ungraded: "
 
 
 def _last_error(text: str) -> str:
@@ -136,17 +141,41 @@ def grade_one(submissions: Path, workspace: Path, student: str, a: str, *, timeo
               cell_timeout: float | None, gpu: str | None, key: str, gpu_index: int | None = None,
               trusted: bool = False) -> Result:
     """Grade one submission in a private workspace; write results/<student>/<a>.json."""
+    t0 = time.perf_counter()
+    priv = workspace / "work" / f"{student}__{a}"
+    res = grade_submission(submissions / student / a, priv, workspace / "release",
+                           workspace / "work" / "template.db", student, a, timeout=timeout,
+                           cell_timeout=cell_timeout, gpu=gpu, key=key, gpu_index=gpu_index,
+                           trusted=trusted)
+    # Publish: the graded notebooks and the staged copy go to the shared workspace, then the record.
+    for sub in ("autograded", "submitted"):
+        src, dst = priv / sub / student / a, workspace / sub / student / a
+        if dst.exists():
+            shutil.rmtree(dst)
+        if src.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(src), str(dst))
+    res.seconds = round(time.perf_counter() - t0, 2)
+    atomic_write(result_path(workspace, student, a), json.dumps(res.to_json(), indent=1))
+    return res
+
+
+def grade_submission(src: Path, priv: Path, release_dir: Path, template_db: Path, student: str,
+                     a: str, *, timeout: float, cell_timeout: float | None, gpu: str | None, key: str,
+                     gpu_index: int | None = None, trusted: bool = False) -> Result:
+    """Grade the submission folder ``src`` in the private workspace ``priv``, against the release
+    ``release_dir`` and the template gradebook ``template_db``: a local worker (:func:`grade_one`)
+    and a cluster task (``cluster.py``) both grade with this. The judge runs here, beside the
+    nbgrader process; the graded notebooks and the staged copy are left in
+    ``priv/autograded/<student>/<a>`` and ``priv/submitted/<student>/<a>``."""
     res = Result(student, a, key=key, gpu=gpu or "")
     t0 = time.perf_counter()
-    release_dir = workspace / "release"
-    template_db = workspace / "work" / "template.db"
-    priv = workspace / "work" / f"{student}__{a}"
     if priv.exists():
         shutil.rmtree(priv)
     priv.mkdir(parents=True)
     shutil.copyfile(template_db, priv / "gradebook.db")
     staged = priv / "submitted" / student / a
-    staging.stage(submissions / student / a, staged)
+    staging.stage(src, staged)
     problem = staging.precheck(staged, a)
     if problem:
         gradebook.zero(res, template_db, f"not graded: {problem}")
@@ -181,16 +210,7 @@ def grade_one(submissions: Path, workspace: Path, student: str, a: str, *, timeo
             if restored:
                 res.status = f"graded (deleted cells restored: {', '.join(restored)})"
             _apply_verdicts(res, verdicts, judge, trusted)
-    # Publish: the graded notebooks and the staged copy go to the shared workspace, then the record.
-    for sub in ("autograded", "submitted"):
-        src, dst = priv / sub / student / a, workspace / sub / student / a
-        if dst.exists():
-            shutil.rmtree(dst)
-        if src.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(src), str(dst))
     res.seconds = round(time.perf_counter() - t0, 2)
-    atomic_write(result_path(workspace, student, a), json.dumps(res.to_json(), indent=1))
     return res
 
 
@@ -211,7 +231,8 @@ def visible_gpus() -> list[str]:
 def autograde(submissions: Path, workspace: Path, selected: list[str] | None = None,
               timeout: float = 1800, quiet: bool = False, jobs: int = 1,
               cell_timeout: float | None = None, force: bool = False,
-              trusted: set[str] | frozenset = frozenset()) -> list[Result]:
+              trusted: set[str] | frozenset = frozenset(), cluster: str | None = None,
+              retries: int = 2) -> list[Result]:
     """Grade every <student>/<assignment> under ``submissions``; returns one Result each.
 
     ``jobs`` submissions run at once, each in its own nbgrader process; with GPUs present each
@@ -219,6 +240,12 @@ def autograde(submissions: Path, workspace: Path, selected: list[str] | None = N
     timings are never shared. A result whose submission, assignment source and thresholds are
     unchanged is reused unless ``force``. Students in ``trusted`` had their tamper flags
     reviewed by an instructor: their flags are still reported but cost no points.
+
+    ``cluster`` (``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``): each submission is a task on
+    that Ray cluster instead (``cluster.py``; ``jobs`` does not apply, the cluster's CPUs and GPUs
+    decide); this process still writes every record and the gradebook. A task lost ``retries``
+    + 1 times comes back with a status starting with :data:`UNGRADED`: nothing is recorded for
+    it, so the next run grades it.
     """
     from tqdm import tqdm
 
@@ -226,10 +253,14 @@ def autograde(submissions: Path, workspace: Path, selected: list[str] | None = N
     workspace = workspace.resolve()
     pairs = staging.discover(submissions, selected)
     todo_assignments = sorted({a for _, a in pairs})
+    if cluster is not None:
+        from . import cluster as ray_cluster
+
+        ray_cluster.connect(cluster)        # no Ray, or no cluster there: say so before any work
     staging.prepare(workspace, todo_assignments)
     source_key = {a: hash_tree(SOLUTIONS / a, *GRADING_SOURCES) for a in todo_assignments}
 
-    gpus = visible_gpus()
+    gpus = visible_gpus() if cluster is None else []
     jobs = max(1, int(jobs))
     if gpus and jobs > len(gpus):
         if not quiet:
@@ -271,6 +302,24 @@ def autograde(submissions: Path, workspace: Path, selected: list[str] | None = N
         gradebook.merge_into_gradebook(workspace, res)
     bar = tqdm(total=len(pairs), initial=len(results), desc="autograding", unit="submission",
                disable=quiet, file=sys.stderr)
+
+    def record(student, a, res):        # this process only: the gradebook, then the progress bar
+        if not res.status.startswith(UNGRADED):
+            gradebook.merge_into_gradebook(workspace, res)
+        shutil.rmtree(workspace / "work" / f"{student}__{a}", ignore_errors=True)
+        results[(student, a)] = res
+        bar.set_postfix_str(f"{student}/{a}: {res.score:g}/{res.max_score:g}")
+        bar.update(1)
+
+    if cluster is not None:
+        try:
+            for student, a, res in ray_cluster.grade(
+                    todo, submissions, workspace, source_key, timeout=timeout, cell_timeout=cell_timeout,
+                    trusted=trusted, retries=retries, quiet=quiet):
+                record(student, a, res)
+        finally:
+            bar.close()
+        return [results[p] for p in pairs]
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         futures = {pool.submit(work, *t): t for t in todo}
@@ -283,11 +332,7 @@ def autograde(submissions: Path, workspace: Path, selected: list[str] | None = N
                     res = fut.result()
                 except Exception as err:      # a bug of ours, not the student's: say so, go on
                     res = Result(student, a, key="", status=f"grader error: {type(err).__name__}: {err}")
-                gradebook.merge_into_gradebook(workspace, res)
-                shutil.rmtree(workspace / "work" / f"{student}__{a}", ignore_errors=True)
-                results[(student, a)] = res
-                bar.set_postfix_str(f"{student}/{a}: {res.score:g}/{res.max_score:g}")
-                bar.update(1)
+                record(student, a, res)
     except BaseException:
         with _RUNNING_LOCK:
             for proc in list(_RUNNING):
