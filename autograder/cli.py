@@ -3,9 +3,11 @@
     python -m autograder release                  # solutions/ -> exercises/ (nbgrader generate_assignment)
     python -m autograder autograde SUBMISSIONS    # SUBMISSIONS/<student>/<assignment>/<notebook>.ipynb
            [--jobs N] [--timeout S] [--cell-timeout S] [--force] [--trust STUDENT]
+           [--cluster auto|HOST:PORT|ray://HOST:PORT [--retries N]]   # grade on a Ray cluster
     python -m autograder report                   # grades CSV + HTML report from the workspace
     python -m autograder export                   # grades CSV + table from the gradebook
-    python -m autograder demo                     # release, autograde autograder/samples, print grades
+    python -m autograder demo                     # grade autograder/samples (every CPU-gradable step: the
+           [--jobs N] ...                         # solution, the stub, a planted bug), table + HTML report
     python -m autograder bundle OUT.zip           # the student archive: no solutions, no autograder
     python -m autograder retime SUBMISSIONS STUDENT ASSIGNMENT   # re-time one submission (GPU)
 
@@ -25,7 +27,7 @@ from .gradebook import export, load_results
 from .model import DEFAULT_WORKSPACE, SAMPLES, GradingError
 from .report import print_report
 from .staging import release
-from .workers import autograde
+from .workers import UNGRADED, autograde
 
 
 # ----------------------------------------------------------------------------- main
@@ -50,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         g.add_argument("--trust", action="append", default=[], metavar="STUDENT",
                        help="an instructor reviewed this student's tamper flags: they cost no points "
                             "(still reported); repeatable; use with --force")
+        g.add_argument("--cluster", metavar="ADDRESS",
+                       help="grade each submission as a task on a Ray cluster: auto (the cluster this "
+                            "machine belongs to), HOST:PORT, or ray://HOST:PORT (Ray Client)")
+        g.add_argument("--retries", type=int, default=2,
+                       help="with --cluster: times a task whose worker or node died is run again (default 2)")
 
     g = sub.add_parser("autograde", help="grade a folder of submissions")
     g.add_argument("submissions", type=Path, help="folder laid out as <student>/<assignment>/<notebook>.ipynb")
@@ -60,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--csv", type=Path)
     e = sub.add_parser("export", help="write the grades CSV from the gradebook")
     e.add_argument("--csv", type=Path)
-    d = sub.add_parser("demo", help="release, autograde the bundled samples, print the grade table")
+    d = sub.add_parser("demo", help="autograde the bundled samples (tools/make_samples.py: every CPU-gradable "
+                       "step's solution, stub and planted bug), print the grade table, write the report")
     grading_options(d, jobs=max(1, min(3, os.cpu_count() or 1)))
     b = sub.add_parser("bundle", help="build the student archive (no solutions, no autograder)")
     b.add_argument("out", type=Path, help="the .zip to write")
@@ -75,14 +83,24 @@ def main(argv: list[str] | None = None) -> int:
             release(args.assignments, ws)
         elif args.cmd in ("autograde", "demo"):
             t0 = time.perf_counter()
+            # demo: every sample (the release into the workspace, cached by source hash, is autograde's);
+            # one torch thread per kernel, --jobs kernels at once (as the demo was timed: README)
             if args.cmd == "demo":
-                release(None, ws)
+                os.environ.setdefault("OMP_NUM_THREADS", "1")
             subs = args.submissions if args.cmd == "autograde" else SAMPLES
             results = autograde(subs, ws, getattr(args, "assignment", None), args.timeout,
                                 jobs=args.jobs, cell_timeout=args.cell_timeout, force=args.force,
-                                trusted=set(args.trust))
-            print_report(results, getattr(args, "csv", None) or ws / "grades.csv", workspace=ws,
-                    seconds=time.perf_counter() - t0)
+                                trusted=set(args.trust), cluster=args.cluster, retries=args.retries)
+            lost = [r for r in results if r.status.startswith(UNGRADED)]
+            print_report([r for r in results if not r.status.startswith(UNGRADED)],
+                         getattr(args, "csv", None) or ws / "grades.csv", workspace=ws,
+                         seconds=time.perf_counter() - t0)
+            if lost:        # no grade, no record: the next run grades them
+                print(f"\n{len(lost)} submission(s) NOT graded, nothing recorded for them; run the same "
+                      "command again to grade them:", file=sys.stderr)
+                for r in lost:
+                    print(f"  {r.student}/{r.assignment}: {r.status}", file=sys.stderr)
+                return 1
         elif args.cmd == "report":
             results = load_results(ws)
             if not results:

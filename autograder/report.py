@@ -1,6 +1,7 @@
 """The grading report: one HTML page for the class, one per student, plots as PNG files beside them.
 
-    report/index.html            score distribution, per-test pass rates, perf (GPU tier), table
+    report/index.html            every student's score per step, then per step: the score of each
+                                 student, score distribution, per-test pass rates, perf (GPU tier), table
     report/students/<name>.html  feedback: each test, its points, the teaching line of a failure
     report/*.png                 the plots (files, never base64)
 
@@ -38,17 +39,87 @@ def _page(title: str, body: str) -> str:
             f"<style>{CSS}</style></head><body><h1>{_e(title)}</h1>{body}</body></html>\n")
 
 
+#: The class plot of every student's score per step (the class page's first plot).
+OVERVIEW = "scores_by_step.png"
+
+
+def _overview(results: list[Result], out: Path, plt) -> str | None:
+    """Students x steps, coloured by the share of the step's points scored, each cell labelled
+    with its score: the whole class at a glance. Returns the file name (None: nothing graded)."""
+    import numpy as np
+
+    steps = sorted({r.assignment for r in results})
+    students = sorted({r.student for r in results})
+    if not steps:
+        return None
+    frac = np.full((len(students), len(steps)), np.nan)
+    label = {}
+    for r in results:
+        i, j = students.index(r.student), steps.index(r.assignment)
+        frac[i, j] = r.score / r.max_score if r.max_score else 0.0
+        label[i, j] = f"{r.score:g}/{r.max_score:g}"
+    fig, ax = plt.subplots(figsize=(1.0 * len(steps) + 2.5, 0.4 * len(students) + 1.6))
+    im = ax.imshow(np.ma.masked_invalid(frac), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(steps)), [a.split("_")[0] for a in steps])
+    ax.set_yticks(range(len(students)), students)
+    if len(students) * len(steps) <= 400:
+        for (i, j), text in label.items():
+            ax.text(j, i, text, ha="center", va="center", fontsize=7)
+    ax.set(xlabel="step", title="score per student per step (share of the step's points)")
+    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    fig.savefig(out / OVERVIEW, dpi=100)
+    plt.close(fig)
+    return OVERVIEW
+
+
+def _student_scores(a: str, rs: list[Result], out: Path, plt) -> str:
+    """One step: each student's score, a bar to the step's maximum (green: every point this machine
+    can give, the tests it failed all need a GPU; orange: some points; red: none; points awaiting
+    manual grading hatched after it)."""
+    rs = sorted(rs, key=lambda r: r.student)
+    top = max((r.max_score for r in rs), default=0) or 1
+    fig, ax = plt.subplots(figsize=(6, 0.3 * len(rs) + 1.2))
+    names = [r.student for r in rs]
+
+    def all_here(r: Result) -> bool:
+        return r.score > 0 and all(r.messages.get(t, "").startswith("No GPU here") for t in r.failed
+                                   if any(x["name"] == t and x.get("auto") for x in r.tests))
+
+    colors = ["#55a868" if all_here(r) else "#dd8452" if r.score > 0 else "#c44e52" for r in rs]
+    ax.barh(names, [r.score for r in rs], color=colors)
+    ax.barh(names, [r.manual_pending for r in rs], left=[r.score for r in rs], color="none",
+            edgecolor="#777", hatch="//", label="awaits manual grading")
+    for i, r in enumerate(rs):
+        ax.text(min(r.score + r.manual_pending, top) + top * 0.01, i, f"{r.score:g} / {r.max_score:g}", va="center",
+                fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlim=(0, top * 1.25), xlabel="score", title=f"{a}: score per student")
+    if any(r.manual_pending for r in rs):
+        ax.legend(loc="upper right", fontsize=7)
+    fig.tight_layout()
+    name = f"{_slug(a)}_students.png"
+    fig.savefig(out / name, dpi=100)
+    plt.close(fig)
+    return name
+
+
 def _plots(results: list[Result], out: Path) -> dict[str, list[str]]:
-    """Draw the class plots for each assignment; returns {assignment: [png file names]}."""
+    """Draw the class plots: ``{"": [the overview]}`` and, for each assignment, ``{assignment: [png
+    file names]}`` (each student's score, the score distribution, pass rates, perf)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     files: dict[str, list[str]] = defaultdict(list)
+    overview = _overview(results, out, plt)
+    if overview:
+        files[""].append(overview)
     by_a = defaultdict(list)
     for r in results:
         by_a[r.assignment].append(r)
     for a, rs in sorted(by_a.items()):
+        files[a].append(_student_scores(a, rs, out, plt))
         top = max((r.max_score for r in rs), default=0) or 1
         fig, ax = plt.subplots(figsize=(6, 3))
         ax.hist([r.score for r in rs], bins=[x - 0.5 for x in range(int(top) + 2)], color="#4c72b0",
@@ -201,6 +272,8 @@ def write_report(results: list[Result], out: Path, machine: dict | None = None) 
     machine = machine or _grading_machine()
     body.append("<h2>Grading machine</h2><table>" + "".join(
         f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in machine.items()) + "</table>")
+    if files.get(""):
+        body.append("<h2>Scores per step</h2>" + "".join(f"<img src='{_e(f)}' alt='{_e(f)}'>" for f in files[""]))
     perf_envs = _machines(results)
     if perf_envs:
         body.append("<h2>Performance measured on</h2><table>" + "".join(

@@ -110,51 +110,54 @@ def grade_assignments(tmp_path: Path, submissions: dict[str, dict], timeout: flo
     return out
 
 
-def solution_and_stub(step: str, max_points: float, gpu_only: set, gpu_points: float, stub: bool = True) -> dict:
-    """A step's ``GRADING`` (tests/test_exercise_grading.py): its solution, put into the released
-    notebook, scores every point but those of ``gpu_only`` (``gpu_points`` in all), which the judge
-    gives 0 here saying there is no GPU; the untouched stub scores 0 (``stub=False``: the step grades
-    its stub in process, ``assert_stub_scores_nothing``)."""
+#: The demo's students (``python -m autograder demo``; autograder/samples, written by
+#: tools/make_samples.py from the steps' ``GRADING``): the solution, the untouched stub, one planted bug.
+SAMPLE_STUDENTS = ("alice", "bob", "carol")
+
+
+def planted_cells(step: str, planted: tuple) -> dict[str, str]:
+    """The solution cell of ``planted`` (cell, the solution's text, the mistake, ...) with the mistake in it."""
+    cell, old, new = planted[:3]
+    code = solution_code(step)[cell]
+    assert old in code, f"planted bug out of date: {old!r} is no longer in {step}'s {cell!r} cell"
+    return {cell: code.replace(old, new)}
+
+
+def solution_and_stub(step: str, max_points: float, gpu_only: set, gpu_points: float, planted: tuple,
+                      answers: dict[str, str] | None = None) -> dict:
+    """A step's ``GRADING`` (tests/test_exercise_grading.py), whose submissions are the demo's samples:
+    ``alice`` the solution, put into the released notebook (with ``answers`` in its written-answer
+    cells), scores every point but those of ``gpu_only`` (``gpu_points`` in all), which the judge gives
+    0 here saying there is no GPU, and leaves two points per written answer to the instructor; ``bob``,
+    the untouched release, scores 0; ``carol``, the solution with the mistake of ``planted`` (the cell,
+    the solution's text, the mistake, the test that loses its points, what its message names; one row
+    of a step module's ``PLANTED``) keeps some points, loses that test's, and its message names it."""
+    cell, old, new, test, says = planted
+
     def submissions():
         release = release_notebook(step)
-        return {"solved": fill(release, solution_code(step)), **({"stub": release} if stub else {})}
+        solved = {**solution_code(step), **(answers or {})}
+        return {"alice": fill(release, solved), "bob": release,
+                "carol": fill(release, {**solved, **planted_cells(step, planted)})}
 
     def check(res, workspace):
-        sol = res["solved"]
+        sol, stub, bug = res["alice"], res["bob"], res.get("carol")
         assert sol.status == "graded", sol.status
         assert sol.auto_max_score == max_points
         assert set(sol.failed) == gpu_only, (sol.failed, sol.messages)
         assert all("No GPU here" in sol.messages[c] for c in gpu_only), sol.messages
         assert sol.score == max_points - gpu_points
-        if stub:
-            assert res["stub"].status == "graded" and res["stub"].score == 0, (res["stub"].score, res["stub"].failed)
+        assert sol.manual_pending == 2 * len(answers or {}), sol.manual_pending
+        assert stub.status == "graded" and stub.score == 0, (stub.score, stub.failed)
+        if bug is None:         # not graded in this run (tests/test_exercise_grading.py, PLANTED_TOO)
+            return
+        assert bug.status == "graded", bug.status
+        assert test in bug.failed, (test, bug.failed)
+        assert says in bug.messages[test], f"carol's {test} does not name the planted mistake {says!r}:\n" \
+            f"{bug.messages[test]}"
+        assert 0 < bug.score < sol.score, ("a planted bug keeps some points, not all", bug.score, bug.failed)
 
     return {step: (submissions, check)}
-
-
-def release_code(step: str) -> dict[str, str]:
-    """The released (stub) source of every solution cell: what a student starts from."""
-    nb = release_notebook(step)
-    ids = set(solution_code(step))
-    return {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in nb["cells"]
-            if c["metadata"].get("nbgrader", {}).get("grade_id") in ids}
-
-
-def assert_stub_scores_nothing(tmp_path: Path, step: str, given: tuple, solution_points: float | None = None,
-                               gpu_only: set = frozenset()) -> None:
-    """Through the judge, in one process (the hidden cells' path without nbgrader around it, which
-    tests/test_exercise_grading.py covers for steps 02, 05 and 07's stubs): the untouched stub scores 0
-    on every hidden test; with ``solution_points``, the solution scores them on every test but
-    ``gpu_only`` (0 here, saying there is no GPU)."""
-    bugs = {"stub": release_code(step), **({"solution": {}} if solution_points is not None else {})}
-    got = planted_verdicts(tmp_path, step, given, bugs)
-    scored = {t: v["points"] for t, v in got["stub"].items() if v["points"]}
-    assert not scored, f"the stub scored {scored}"
-    if solution_points is not None:
-        sol = got["solution"]
-        assert sum(v["points"] for v in sol.values()) == solution_points, {t: v["points"] for t, v in sol.items()}
-        assert {t for t, v in sol.items() if v["points"] < v["max"]} == set(gpu_only), sol
-        assert all("No GPU here" in sol[t]["message"] for t in gpu_only)
 
 
 _PLANTED_RUNNER = """
@@ -271,7 +274,8 @@ def _cpu_threads():
 #: The longest tests (minutes each on two cores: one autograde run of many submissions each), put
 #: where each pytest-xdist worker starts with one of them (longest_first).
 LONGEST = ("tests/test_grading_corpus.py::test_bad_submission_corpus_in_one_parallel_run",
-           "tests/test_exercise_grading.py::test_every_kernel_step_graded_in_one_run")
+           "tests/test_exercise_grading.py::test_every_kernel_step_graded_in_one_run",
+           "tests/test_book.py::test_book_builds_from_the_archive")
 
 
 def _xdist_schedule(config) -> tuple[int, str]:

@@ -54,12 +54,30 @@ def test_every_assignment_is_released_and_has_tests():
         assert len(hidden) >= 5, f"{a}: fewer than five hidden test cells"
 
 
+def test_samples_are_in_sync_with_solutions():
+    """The demo's samples (autograder/samples) are what tools/make_samples.py writes now from solutions/,
+    exercises/ and the steps' planted bugs: never hand-edited, never stale."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import make_samples
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    generated = make_samples.samples()
+    assert {"02_safe_softmax", "05_triton_flash_attention", "08_backward", "12_ring_attention"} <= set(generated)
+    bad = make_samples.stale()
+    assert not bad, f"autograder/samples out of date ({', '.join(bad)}): run `python tools/make_samples.py`"
+    for a, students in generated.items():           # the demo grades every one of them
+        assert all((model.SAMPLES / s / a / f"{a}.ipynb").is_file() for s in students), a
+
+
 @pytest.mark.slow
 def test_interrupted_parallel_run_resumes_and_loses_no_grade(tmp_path):
-    """The bundled samples through the CLI with --jobs 2, killed (SIGKILL) after its first grade,
-    then started again: every grade is right, finished ones are reused, the gradebook agrees."""
+    """Step 01's samples through the CLI with --jobs 2, killed (SIGKILL) after its first grade,
+    then started again: every grade is right, finished ones are reused, the gradebook agrees.
+    (The other steps' samples: tests/test_exercise_grading.py.)"""
     ws, subs = tmp_path / "ws", tmp_path / "subs"
-    shutil.copytree(model.SAMPLES, subs)
+    for student in ("alice", "bob", "carol"):
+        shutil.copytree(model.SAMPLES / student / "01_vanilla_attention", subs / student / "01_vanilla_attention")
     cmd = [sys.executable, "-m", "autograder", "--workspace", str(ws), "autograde", str(subs), "--jobs", "2"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

@@ -10,14 +10,10 @@ autograder.gpu_selftest 08`` on a GPU machine.
 """
 from __future__ import annotations
 
-from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
+from conftest import assert_planted_bugs_named, solution_and_stub
 
 STEP = "08_backward"
 GPU_ONLY = {"test_bf16", "perf_large", "perf_long"}
-
-
-# through nbgrader, the solution scores every CPU point (16 minus bf16 and speed: 5); the stub, in process, 0
-GRADING = solution_and_stub(STEP, 16, GPU_ONLY, 5, stub=False)
 
 
 # (the cell, the solution's text, the mistake, the test that loses its point, what its message names)
@@ -37,9 +33,9 @@ PLANTED = {
                 "q.shape[2], k.shape[2])", "test_medium", "kept"),
 }
 
-
-def test_stub_scores_nothing(tmp_path):
-    assert_stub_scores_nothing(tmp_path, STEP, ("setup", "forward"))
+# the demo's samples, graded by tests/test_exercise_grading.py: the solution scores every CPU point, the
+# untouched stub 0, the solution with the planted 'no_causal_mask_backward' loses its test's points
+GRADING = solution_and_stub(STEP, 16, GPU_ONLY, 5, PLANTED["no_causal_mask_backward"])
 
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):

@@ -10,14 +10,10 @@ autograder.gpu_selftest 09`` on a GPU machine.
 """
 from __future__ import annotations
 
-from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
+from conftest import assert_planted_bugs_named, solution_and_stub
 
 STEP = "09_decode_paged_kv"
 GPU_ONLY = {"test_bf16", "perf_b64_8k_p16", "perf_b16_32k_p64"}
-
-
-# through nbgrader, the solution scores every CPU point (15 minus bf16 and speed: 6); the stub, in process, 0
-GRADING = solution_and_stub(STEP, 15, GPU_ONLY, 6, stub=False)
 
 
 # (the cell, the solution's text, the mistake, the test that loses its point, what its message names)
@@ -38,8 +34,9 @@ PLANTED = {
                       "test_bad_inputs", "validate_paged_inputs"),
 }
 
-def test_stub_scores_nothing(tmp_path):
-    assert_stub_scores_nothing(tmp_path, STEP, ("setup",))
+# the demo's samples, graded by tests/test_exercise_grading.py: the solution scores every CPU point, the
+# untouched stub 0, the solution with the planted 'empty_sequence_nan' loses its test's points
+GRADING = solution_and_stub(STEP, 15, GPU_ONLY, 6, PLANTED["empty_sequence_nan"])
 
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):

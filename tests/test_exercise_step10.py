@@ -15,15 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
+from conftest import assert_planted_bugs_named, solution_and_stub
 from facourse import AttentionCheckError
 from facourse import variants as V
 
 STEP = "10_attention_variants"
 GPU_ONLY = {"test_bf16", "perf_window1024_8k", "perf_window1024_16k"}
 
-# through nbgrader, the solution scores every CPU point (22 minus bf16 and speed: 6); the stub, in process, 0
-GRADING = solution_and_stub(STEP, 22, GPU_ONLY, 6, stub=False)
 
 _ORDER = '''    s = score_mod(s, b, h, i, j, Sq, Skv, SCORE_INTS, SCORE_FLOATS)  # first the score modifier
     keep = j < Skv
@@ -64,9 +62,9 @@ PLANTED = {
                            "test_window_edges", "see no key"),
 }
 
-
-def test_stub_scores_nothing(tmp_path):
-    assert_stub_scores_nothing(tmp_path, STEP, ("setup", "builder"))
+# the demo's samples, graded by tests/test_exercise_grading.py: the solution scores every CPU point, the
+# untouched stub 0, the solution with the planted 'softcap_after_mask' loses its test's points
+GRADING = solution_and_stub(STEP, 22, GPU_ONLY, 6, PLANTED["softcap_after_mask"])
 
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):

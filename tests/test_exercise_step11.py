@@ -3,7 +3,7 @@
 The exercise's solution, put into the released notebook, scores the 40 points of its CPU tests through
 nbgrader (``GRADING``, graded by tests/test_exercise_grading.py in one autograde run with the other
 steps'), and 0 of the 10 its GPU tests hold, each saying there is no GPU; the untouched stub scores 0
-(through the judge, in one process). Each mistake planted in the solution loses the points of a test
+and the solution with one planted mistake loses its test (the demo's samples). Each mistake planted in the solution loses the points of a test
 whose message names it: an axis of the wrong kind, a reference with PyTorch's top-left causal, tracing
 that stops at a solution that does not build or skips it, a router that sends a shape to the fastest
 solution although its trace failed, an unknown shape sent to the solution that wins most shapes, no
@@ -13,14 +13,12 @@ past Skv left unmasked in a non-causal call.
 """
 from __future__ import annotations
 
-from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
+from conftest import assert_planted_bugs_named, solution_and_stub
 
 STEP = "11_interchangeable_kernels"
 
-# through nbgrader, the solution scores the 40 points of the CPU tests (the GPU tests' 10: 0, no GPU here);
-# the stub, in process, 0
+# through nbgrader, the solution scores the 40 points of the CPU tests (the GPU tests' 10: 0, no GPU here)
 GPU_ONLY = {"test_tilelang_gpu", "perf_large", "perf_long"}
-GRADING = solution_and_stub(STEP, 50, GPU_ONLY, 10, stub=False)
 
 _BUILD = """        try:
             run = registry.build(definition, solution)
@@ -77,10 +75,9 @@ PLANTED = {
                                "test_tilelang_other", "[tilelang_noncausal"),
 }
 
-
-def test_stub_scores_nothing(tmp_path):
-    assert_stub_scores_nothing(tmp_path, STEP, ("setup", "solution_example"), solution_points=40,
-                               gpu_only=GPU_ONLY)
+# the demo's samples, graded by tests/test_exercise_grading.py: the solution scores every CPU point, the
+# untouched stub 0, the solution with the planted 'reference_top_left' loses its test's points
+GRADING = solution_and_stub(STEP, 50, GPU_ONLY, 10, PLANTED["reference_top_left"])
 
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):

@@ -2,9 +2,9 @@
 
 The exercise's solution, put into the released notebook, scores every point through nbgrader
 (``GRADING``, graded by tests/test_exercise_grading.py in one autograde run with the other steps':
-the ranks are forked from a real Jupyter kernel there); the untouched stub scores 0 (through the
-judge, in one process). Each mistake of the issue, planted in the solution, loses the points of a
-test whose message names it: a merge without its weights, zigzag shards read as contiguous, the last
+the ranks are forked from a real Jupyter kernel there); the untouched stub scores 0 and the solution
+with one planted mistake loses its test (the demo's samples). Each mistake of the issue, planted in
+the solution, loses the points of a test whose message names it: a merge without its weights, zigzag shards read as contiguous, the last
 shard never used, ranks waiting on each other (a deadlock: the test fails at its time limit), and
 K/V gathered instead of passed point to point. The GPU tier (two GPUs, NCCL) is the ladder runner's.
 """
@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from conftest import assert_planted_bugs_named, assert_stub_scores_nothing, solution_and_stub
+from conftest import assert_planted_bugs_named, solution_and_stub
 
 STEP = "12_ring_attention"
 
-# through nbgrader, the solution scores all 11 points (every test runs on a CPU); the stub, in process, 0
-GRADING = solution_and_stub(STEP, 11, set(), 0, stub=False)
 
 _WEIGHTED = "o = torch.exp(lse_a - safe)[..., None] * o_a + torch.exp(lse_b - safe)[..., None] * o_b"
 _PASS = ('''pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % P, group),
@@ -42,9 +40,9 @@ PLANTED = {
                     "test_causal", "through collectives"),
 }
 
-
-def test_stub_scores_nothing(tmp_path):
-    assert_stub_scores_nothing(tmp_path, STEP, ("setup",))
+# the demo's samples, graded by tests/test_exercise_grading.py: the solution scores every CPU point, the
+# untouched stub 0, the solution with the planted 'zigzag_as_contiguous' loses its test's points
+GRADING = solution_and_stub(STEP, 11, set(), 0, PLANTED["zigzag_as_contiguous"])
 
 
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path, monkeypatch):

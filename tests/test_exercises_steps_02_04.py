@@ -1,9 +1,9 @@
 """Exercises 02 (safe softmax), 03 (online softmax), 04 (tiled attention) and their shared softmax check.
 
 Grading: the solution (full autograded marks, written answers left to the instructor) and the
-untouched stub (0, and the run goes on), through nbgrader for exercise 02 (``GRADING``:
-tests/test_exercise_grading.py grades it, with every other kernel step's, in ONE autograde run) and
-through the judge in one process for 03 and 04; and planted bugs through the judge,
+untouched stub (0, and the run goes on), through nbgrader (``GRADING``, the demo's samples:
+tests/test_exercise_grading.py grades them, with every other kernel step's, in ONE autograde run);
+and planted bugs through the judge,
 in one process per exercise (``conftest.planted_verdicts``), each of which must lose the test that
 names it while the tests unrelated to it still pass. Planted bugs are made from the solution by text
 substitution, so they follow the solution when it changes (the substitution asserts that its text is
@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from conftest import ROOT, assert_stub_scores_nothing, fill, planted_verdicts, release_notebook, solution_code
+from conftest import ROOT, planted_cells, planted_verdicts, solution_and_stub, solution_code
 from facourse import SoftmaxCheckError, check_merge_fn, check_softmax_fn
 from facourse.softmax_check import MERGE_CASES, SOFTMAX_CASES
 
@@ -38,26 +38,6 @@ def written_ids(assignment):
             if c["cell_type"] == "markdown" and c["metadata"].get("nbgrader", {}).get("grade")]
 
 
-def exercise_submissions(assignment):
-    """The solution (with written answers) and the untouched stub: {student: notebook}."""
-    nb = release_notebook(assignment)
-    answers = {gid: ANSWER for gid in written_ids(assignment)}
-    assert answers, f"{assignment} has no written-answer cell"
-    return {"solution": fill(nb, {**solution_code(assignment), **answers}), "stub": nb}
-
-
-def check_solution_and_stub(assignment):
-    """Through nbgrader: the solution earns every automatic point and leaves its written answers to
-    the instructor (two cells each: the answer and its mark); the stub scores 0."""
-    def check(results, workspace):
-        sol, stub = results["solution"], results["stub"]
-        assert sol.status == "graded", sol.status
-        assert sol.score == sol.auto_max_score > 0, (sol.score, sol.auto_max_score, sol.failed, sol.messages)
-        assert sol.manual_pending == 2 * len(written_ids(assignment)) and sol.failed == []
-        assert stub.status == "graded" and stub.score == 0, (stub.status, stub.score)
-    return check
-
-
 def assert_bugs_graded(tmp_path, assignment, bugs, expect, says):
     """Each bug ({name: {grade_id: code}}), put into the solution, graded through the judge on every
     hidden test: it fails the test ``expect`` names first, passes the ones it lists after, keeps some
@@ -77,13 +57,26 @@ def assert_bugs_graded(tmp_path, assignment, bugs, expect, says):
 
 # ----------------------------------------------------------------------------- exercise 02
 A2 = "02_safe_softmax"
+A3 = "03_online_softmax"
+A4 = "04_tiled_attention"
+
+#: The planted bug of each exercise's demo sample ``carol`` (``GRADING`` below), one of the planted
+#: bugs of its test here: (the cell, the solution's text, the mistake, the test that loses its
+#: points, what its message names).
+PLANTED = {
+    A2: ("safe_softmax", "torch.exp(xf - m)", "torch.exp(xf)", "test_overflow", "no max subtraction"),
+    A3: ("online_softmax", "m, l = merge_softmax_states(m, l, m_j, l_j)",
+         "m_new = torch.maximum(m, m_j); l = l + torch.exp(x_j - torch.where(torch.isneginf(m_new), 0.0, "
+         "m_new)[..., None]).sum(dim=-1); m = m_new", "test_small", "alpha rescale missing"),
+    A4: ("tiled_attention", "off = Skv - Sq ", "off = 0      ", "test_asymmetric", "top-left"),
+}
 
 
 def test_planted_bugs_02(tmp_path):
     sol = solution_code(A2)["safe_softmax"]
     basics = ["test_small", "test_configs", "test_ragged", "test_masked"]
     assert_bugs_graded(tmp_path, A2, {
-        "no_max_subtraction": {"safe_softmax": mutate(sol, ("torch.exp(xf - m)", "torch.exp(xf)"))},
+        "no_max_subtraction": planted_cells(A2, PLANTED[A2]),
         "nan_on_empty_rows": {"safe_softmax": mutate(
             sol, ("m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "pass"))},
         "last_dim_only": {"safe_softmax": mutate(sol, ("dim=dim", "dim=-1"))},
@@ -91,11 +84,10 @@ def test_planted_bugs_02(tmp_path):
         "no_max_subtraction": ("test_overflow", basics + ["test_all_masked", "test_other_dims"]),
         "nan_on_empty_rows": ("test_all_masked", basics + ["test_overflow", "test_other_dims"]),
         "last_dim_only": ("test_other_dims", basics + ["test_overflow", "test_all_masked", "test_half"]),
-    }, {"no_max_subtraction": ("test_overflow", "no max subtraction")})
+    }, {"no_max_subtraction": PLANTED[A2][3:]})
 
 
 # ----------------------------------------------------------------------------- exercise 03
-A3 = "03_online_softmax"
 
 
 def test_planted_bugs_03(tmp_path):
@@ -103,10 +95,7 @@ def test_planted_bugs_03(tmp_path):
     online, merge = code["online_softmax"], code["merge_softmax_states"]
     merges = ["test_merge_random", "test_merge_empty", "test_merge_large", "test_merge_chain"]
     got = assert_bugs_graded(tmp_path, A3, {
-        "no_alpha_rescale": {"online_softmax": mutate(online, (
-            "m, l = merge_softmax_states(m, l, m_j, l_j)",
-            "m_new = torch.maximum(m, m_j); l = l + torch.exp(x_j - torch.where(torch.isneginf(m_new), 0.0, "
-            "m_new)[..., None]).sum(dim=-1); m = m_new"))},
+        "no_alpha_rescale": planted_cells(A3, PLANTED[A3]),
         "drops_last_block": {"online_softmax": mutate(
             online, ("range(0, n, block_size)", "range(0, n - block_size + 1, block_size)"))},
         "merge_nan_on_empty": {"merge_softmax_states": mutate(
@@ -116,18 +105,17 @@ def test_planted_bugs_03(tmp_path):
         "drops_last_block": ("test_ragged", merges + ["test_small", "test_configs", "test_overflow"]),
         "merge_nan_on_empty": ("test_merge_empty", ["test_merge_random", "test_merge_large",
                                                     "test_merge_chain", "test_small", "test_configs"]),
-    }, {"no_alpha_rescale": ("test_small", "alpha rescale missing")})
+    }, {"no_alpha_rescale": PLANTED[A3][3:]})
     assert got["no_alpha_rescale"]["test_configs"]["points"] == 0
 
 
 # ----------------------------------------------------------------------------- exercise 04
-A4 = "04_tiled_attention"
 
 
 def test_planted_bugs_04(tmp_path):
     sol = solution_code(A4)["tiled_attention"]
     got = assert_bugs_graded(tmp_path, A4, {
-        "top_left_causal": {"tiled_attention": mutate(sol, ("off = Skv - Sq ", "off = 0      "))},
+        "top_left_causal": planted_cells(A4, PLANTED[A4]),
         "head_h_mod_hkv": {"tiled_attention": mutate(
             sol,
             ("q[:, :, i0:i1].float().reshape(B, Hkv, G, Br, D)",
@@ -143,20 +131,15 @@ def test_planted_bugs_04(tmp_path):
         "no_tile_skipping": ("test_tile_skipping", ["test_small", "test_medium", "test_asymmetric",
                                                     "test_edge_ragged", "test_edge_empty_rows",
                                                     "test_block_sizes"]),
-    }, {"top_left_causal": ("test_asymmetric", "top-left"), "head_h_mod_hkv": ("test_medium", "h % Hkv")})
+    }, {"top_left_causal": PLANTED[A4][3:], "head_h_mod_hkv": ("test_medium", "h % Hkv")})
     assert [t for t, v in got["no_tile_skipping"].items() if v["points"] < v["max"]] == ["test_tile_skipping"]
 
 
-#: What tests/test_exercise_grading.py grades (in its one autograde run) and checks: exercise 02's
-#: solution (with its written answers, left to the instructor) and stub through nbgrader. Exercises 03
-#: and 04 take the same path (written answers, judged hidden cells); their solution and stub, like the
-#: planted bugs above, go through the judge in one process each (below).
-GRADING = {A2: (lambda: exercise_submissions(A2), check_solution_and_stub(A2))}
-
-
-@pytest.mark.parametrize("assignment, points", [(A3, 10), (A4, 15)])
-def test_solution_and_stub_through_the_judge(tmp_path, assignment, points):
-    assert_stub_scores_nothing(tmp_path, assignment, ("imports",), solution_points=points)
+#: What tests/test_exercise_grading.py grades (in its one autograde run) and checks, the demo's samples
+#: (``python -m autograder demo``): each exercise's solution with its written answers (left to the
+#: instructor), its untouched stub, and its solution with the planted bug of ``PLANTED``.
+GRADING = {a: solution_and_stub(a, points, set(), 0, PLANTED[a], {gid: ANSWER for gid in written_ids(a)})[a]
+           for a, points in ((A2, 8), (A3, 10), (A4, 15))}
 
 
 # ----------------------------------------------------------------------------- the softmax check itself

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, load_module, solution_and_stub
+from conftest import ROOT, assert_planted_bugs_named, load_module, solution_and_stub
 
 STEP = "05_triton_flash_attention"
 LADDER = ROOT / "solutions" / STEP / "ladder"
@@ -88,8 +88,17 @@ def test_check_catches_a_wrong_kernel():
     assert "caught" in r.stdout
 
 
-# the solution scores every correctness point and 0 for speed on CPU (4 points); the stub scores 0
-GRADING = solution_and_stub(STEP, 14, PERF_CELLS, 4)
+# (the cell, the solution's text, the mistake, the test that loses its points, what its message names)
+PLANTED = {"top_left_causal": ("kernel", "off = Skv - Sq ", "off = 0      ", "test_asymmetric", "top-left")}
+
+# the demo's samples: the solution scores every correctness point and 0 for speed on CPU (4 points); the
+# stub scores 0; the planted bug loses the tests whose rows it masks wrong
+GRADING = solution_and_stub(STEP, 14, PERF_CELLS, 4, PLANTED["top_left_causal"])
+
+
+def test_planted_bug_loses_the_points_that_name_it(tmp_path):
+    """The demo's planted bug (CI grades carol in process: tests/test_exercise_grading.py)."""
+    assert_planted_bugs_named(tmp_path, STEP, ("setup",), PLANTED)
 
 
 def test_compiles_for_sm90_without_gpu():
