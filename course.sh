@@ -6,8 +6,9 @@
 #   ./course.sh check        set up, then check this machine: versions, GPU, which steps run here
 #   ./course.sh check NN     set up, then run exercise NN's notebook headless and report its visible tests
 # In the course repository, besides:
-#   ./course.sh demo         regenerate the release, autograde the sample submissions (CPU), print the grades
+#   ./course.sh demo         autograde the sample submissions of every CPU step (CPU), print the grades
 #   ./course.sh test [ARGS]  run the CPU test suite (in parallel; ARGS go to pytest)
+#   ./course.sh book [ARGS]  build the course as a book, lectures executed (build/book; ARGS go to tools/book.py)
 #
 # Environment: PYTHON (interpreter, default python3), VENV (default .venv), TORCH_SPEC (the pip
 # requirement used for PyTorch when it is missing, default torch==2.13.0), EXTRAS (what to
@@ -132,7 +133,7 @@ EOF
 
 usage() {
   if [ "$REPO" = 1 ]; then
-    echo "usage: ./course.sh [setup|lab|check [NN]|demo|test [pytest args]]" >&2
+    echo "usage: ./course.sh [setup|lab|check [NN]|demo|test [pytest args]|book [--jobs N]]" >&2
   else
     echo "usage: ./course.sh [setup|lab|check [NN]]" >&2
   fi
@@ -163,5 +164,16 @@ case "$cmd" in
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     "$PY" -m compileall -q -j 0 src autograder tests > /dev/null || true
     exec "$PY" -m pytest -q -n "${PYTEST_WORKERS:-3}" --dist worksteal "$@" ;;
+  book)
+    [ "$REPO" = 1 ] || usage
+    setup
+    # `dev` has Jupyter Book; an environment set up with other EXTRAS gets the `book` extra here, once.
+    if ! "$PY" -c 'import jupyter_book' 2>/dev/null; then
+      [ "$OFFLINE" = 1 ] && { echo "error: OFFLINE=1 but $VENV lacks jupyter-book (the book extra)" >&2; exit 1; }
+      echo "installing Jupyter Book into $VENV"
+      "$PY" -m pip install --disable-pip-version-check -q -e ".[book]" 2>&1 | grep -v "^WARNING: Location" || true
+    fi
+    export OMP_NUM_THREADS=1
+    exec "$PY" tools/book.py "$@" ;;     # it ends naming the book's index.html (build/book/_build/html)
   *) usage ;;
 esac

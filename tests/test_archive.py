@@ -4,8 +4,9 @@
 and unpacked as `unzip` would. Inside it: its README names only what the archive contains, the
 README's commands run (set-up reuses this test run's environment: `VENV` points at it and
 `OFFLINE=1`, so nothing is installed; `PYTHONPATH` puts the archive's own `src/` first, as
-`pip install -e .` inside it would), the figures draw, and every lecture executes top to bottom
-on the CPU. This is the one place lectures execute in the test suite (tests/test_notebooks.py
+`pip install -e .` inside it would), and the figures draw. Every lecture executes top to bottom
+on the CPU inside the archive in tests/test_book.py (the book's build, `--course-root` the archive,
+with `_env` below): the one place lectures execute in the test suite (tests/test_notebooks.py
 keeps the checks on the committed files).
 """
 from __future__ import annotations
@@ -15,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,6 @@ import pytest
 from conftest import ROOT, fill, solution_code
 
 nbformat = pytest.importorskip("nbformat")  # the GPU machines have no Jupyter stack
-NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="course.sh is a bash script")
 
@@ -148,21 +147,3 @@ def test_figures_draw_in_the_archive(student_archive):
     r = subprocess.run([sys.executable, "diagrams/draw.py"], cwd=student_archive, env=_env(student_archive),
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", LECTURES, ids=[Path(n).stem for n in LECTURES])
-def test_lecture_runs_in_the_archive(name, student_archive, monkeypatch):
-    """Every lecture, top to bottom, on the CPU, inside the student archive, with its library."""
-    for key, value in _env(student_archive).items():   # the kernel inherits this process's environment
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    path = student_archive / "course" / name
-    nb = nbformat.read(path, as_version=4)
-    t0 = time.perf_counter()
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    elapsed = time.perf_counter() - t0
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors, errors
-    assert elapsed < 240, f"{name} took {elapsed:.0f} s on this CPU; lectures must stay quick"
