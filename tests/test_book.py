@@ -93,8 +93,10 @@ def test_book_builds_from_the_archive(student_archive, tmp_path):
     from test_archive import _env
 
     out = tmp_path / "book"
+    # --jobs 1: in the suite, pytest-xdist's workers already fill the cores; a pool of its own here
+    # oversubscribed them (CI, 2026-11-23: a corpus notebook missed its 15-s cell limit at that load)
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "book.py"), "--course-root", str(student_archive),
-                        "--out", str(out)], env=_env(student_archive), capture_output=True, text=True, timeout=1500)
+                        "--out", str(out), "--jobs", "1"], env=_env(student_archive), capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, f"the book failed to build:\n{(r.stdout + r.stderr)[-6000:]}"
     check_book(out)
 

@@ -41,7 +41,57 @@ def interpret_without_gpu() -> bool:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return False
     _index_scalars_by_element()
+    _patch_language_once_per_launch()
     return True
+
+
+def _patch_language_once_per_launch() -> None:
+    """Triton 3.6's interpreter swaps triton.language's functions for NumPy ones when a kernel is
+    launched, and again at every call of a ``@triton.jit`` helper inside it (an online-softmax step,
+    a mask function: once per tile per program), scanning the helper's module globals and every
+    member of triton.language each time: a quarter of the CPU time of the course's block kernels.
+    Within one launch, a helper whose triton.language modules (triton.language, triton.language.core)
+    were already swapped in that launch would get the same functions again: its swap is skipped. The
+    launch's own swap and its undoing, and each module's first swap, are Triton's."""
+    import inspect
+
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+
+    orig = interp._patch_lang
+    if getattr(orig, "once_per_launch", False):
+        return
+    launch: list = []                 # inside a kernel launch: the modules swapped so far (None: none)
+    langs_of: dict = {}                # fn -> ids of the triton.language modules its globals hold
+
+    def langs(fn) -> frozenset:
+        key = (fn, id(fn.__globals__))
+        if key not in langs_of:
+            langs_of[key] = frozenset(id(v) for v in fn.__globals__.values()
+                                      if inspect.ismodule(v) and v in (tl, tl.core))
+        return langs_of[key]
+
+    def patch_lang(fn):
+        mine = langs(fn)
+        if launch and launch[-1] is not None and mine and mine <= launch[-1]:
+            return interp._LangPatchScope()            # already swapped by this launch: nothing to undo
+        scope = orig(fn)
+        if launch:                      # the launch's own swap, or a helper's first of another module
+            launch[-1] = (launch[-1] or set()) | mine
+        return scope
+
+    run = interp.GridExecutor.__call__
+
+    def launch_kernel(self, *args, **kwargs):
+        launch.append(None)
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            launch.pop()
+
+    interp.GridExecutor.__call__ = launch_kernel
+    patch_lang.once_per_launch = True
+    interp._patch_lang = patch_lang
 
 
 def _index_scalars_by_element() -> None:

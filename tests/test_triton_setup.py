@@ -1,0 +1,77 @@
+"""facourse.triton_setup's changes to Triton's interpreter (the CPU tier runs every Triton kernel there).
+
+The interpreter swaps triton.language's functions at every call of a ``@triton.jit`` helper; the
+course swaps them once per launch and module instead. A kernel calling helpers (its own, and
+triton.language's standard ones such as tl.sum) in a loop must give the same result with and without
+that change, swap each module at most once per launch with it, and leave triton.language as it found it
+after each launch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import ROOT
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton.runtime.interpreter as interp
+    if sys.argv[1] == "triton":                       # Triton's own behaviour: the course's change off
+        interp._patch_lang.once_per_launch = True
+    from facourse.triton_setup import interpret_without_gpu
+    interpret_without_gpu()
+    import torch
+    import triton
+    import triton.language as tl
+
+    swaps = []
+    core = interp._patch_lang_core
+    interp._patch_lang_core = lambda lang, scope: (swaps.append(lang.__name__), core(lang, scope))[1]
+
+    @triton.jit
+    def relu2(x):
+        return tl.maximum(x, 0.0) * 2.0
+
+    @triton.jit
+    def kernel(X, Y, N: tl.constexpr):
+        pid = tl.program_id(0)
+        for i in range(4):
+            offs = (pid * 4 + i) * N + tl.arange(0, N)
+            x = tl.load(X + offs)
+            tl.store(Y + offs, relu2(x) + tl.sum(x, 0))
+
+    load = tl.load
+    x = torch.randn(3 * 4 * 16, generator=torch.Generator().manual_seed(0))
+    out = []
+    for launch in range(2):
+        y = torch.empty_like(x)
+        kernel[(3,)](x, y, 16)
+        out.append(y.tolist())
+    want = (torch.relu(x) * 2 + x.view(12, 16).sum(1).repeat_interleave(16)).tolist()
+    print(json.dumps({"swaps": len(swaps), "out": out, "want": want, "restored": tl.load is load}))
+""")
+
+
+def _run(mode: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_helpers_swap_the_language_once_per_launch():
+    course, triton_own = _run("course"), _run("triton")
+    for res in (course, triton_own):
+        for y in res["out"]:
+            assert max(abs(a - b) for a, b in zip(y, res["want"])) < 1e-4
+        assert res["restored"], "triton.language was left swapped after a launch"
+    assert course["out"] == triton_own["out"]
+    # two launches: the kernel's triton.language, then a standard helper's modules (tl.sum's
+    # triton.language.core and triton.language), each swapped once per launch
+    assert course["swaps"] <= 2 * 3, course["swaps"]
+    # Triton alone swaps again at each helper call: 3 programs x 4 iterations x (relu2, tl.sum, ...)
+    assert triton_own["swaps"] >= 3 * 4 * 2 * 2, triton_own["swaps"]
