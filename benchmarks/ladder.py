@@ -39,7 +39,8 @@ when the transfer is hidden), and one shard's transfer timed alone. Fewer than 2
 exits 2. --cpu-smoke runs the same path on 2 CPU ranks (gloo, tiny shapes): the runner's own test.
 Triton rungs are loaded from their file; CUDA rungs are built with facourse.cuda_build's
 load_cuda_extension (rung .cu + the step's fa_binding.cpp; sm_90a for step 07), all at once in a
-process pool. Each rung then runs in its own process under --timeout (a hung kernel costs that
+process pool (a Python rung that calls CUDA builds it itself on its first call: step 10's
+v6_hopper_window, step 07's kernel with a sliding window, on an H100/H200). Each rung then runs in its own process under --timeout (a hung kernel costs that
 rung, not the run). --quick: fp16 only, the 4k-16k points only. --sanitize runs compute-sanitizer
 (memcheck, racecheck, synccheck) over the checks of one CUDA rung (default: the solution) and
 writes the tools' reports instead.

@@ -44,8 +44,8 @@ BUGS = {
     # ---- producer
     "producer_gqa": ("producer", [("const int h_kv = tile.h / group;", "const int h_kv = tile.h;")],
                      ["producer", "GQA", "h / (Hq / Hkv)"]),
-    "producer_left_to_right": ("producer", [("for (int j = nb - 1; j >= 0; --j, ++it) {",
-                                             "for (int j = 0; j < nb; ++j, ++it) {")],
+    "producer_left_to_right": ("producer", [("for (int j = nb - 1; j >= lo; --j, ++it) {",
+                                             "for (int j = lo; j < nb; ++j, ++it) {")],
                                ["producer", "left to right"]),
     "producer_no_skip": ("producer", [("    if (nb == 0) continue;\n    if (q_round > 0)", "    if (q_round > 0)")],
                          ["producer", "no key block (nb = 0)"]),

@@ -13,7 +13,7 @@ static bool aligned16(const at::Tensor& t) {
          t.stride(2) % 8 == 0;
 }
 
-std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, double scale) {
+std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, double scale, int64_t window) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "q, k, v must be CUDA tensors");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be [B, H, S, D]");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "q, k, v: one dtype");
@@ -22,6 +22,7 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, bool c
   const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Skv = k.size(2);
   TORCH_CHECK(D == 64 || D == 128, "head dimension must be 64 or 128");
+  TORCH_CHECK(window >= 0 && (window == 0 || causal), "a sliding window (window > 0) goes with causal");
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "Hq must be a multiple of Hkv");
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D, "k and v must be [B, Hkv, Skv, D]");
   if (!aligned16(q)) q = q.contiguous();
@@ -38,6 +39,7 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, bool c
   p.o_sb = o.stride(0); p.o_sh = o.stride(1); p.o_ss = o.stride(2);
   p.B = (int)B; p.Hq = (int)Hq; p.Hkv = (int)Hkv; p.Sq = (int)Sq; p.Skv = (int)Skv; p.D = (int)D;
   p.scale = (float)scale; p.causal = causal ? 1 : 0; p.is_bf16 = q.scalar_type() == at::kBFloat16;
+  p.window = (int)std::min<int64_t>(window, Skv);  // a window of Skv keys or more is plain causal
   if (Skv == 0) {  // no key at all: every row is empty
     o.zero_();
     lse.fill_(-std::numeric_limits<float>::infinity());
@@ -49,5 +51,7 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, bool c
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward, "FlashAttention forward (step 06): returns o, lse");
+  // window (optional, 0: none): a sliding window, for the kernels that read FaParams::window
+  m.def("forward", &forward, "FlashAttention forward (step 06): returns o, lse", pybind11::arg("q"), pybind11::arg("k"),
+        pybind11::arg("v"), pybind11::arg("causal"), pybind11::arg("scale"), pybind11::arg("window") = 0);
 }

@@ -19,6 +19,8 @@ typedef struct FaParams {
   float scale;   // softmax scale (1/sqrt(D) by default)
   int causal;    // bottom-right aligned: key j visible to query i iff j <= i + (Skv - Sq)
   int is_bf16;   // 0: fp16, 1: bf16
+  int window;    // > 0 (with causal): a sliding window, key j also needs j > i + (Skv - Sq) - window;
+                 // 0: none. Read only by kernels built for it (step 07's with HFA_WINDOW, step 10's v6)
 } FaParams;
 
 #ifdef __cplusplus

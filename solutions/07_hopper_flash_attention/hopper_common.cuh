@@ -15,6 +15,8 @@
 //   HFA_OVERLAP     within a warpgroup, the softmax of S_j runs while O += P_{j+1} V_{j+1} is in flight
 //   HFA_PERSISTENT  one CTA per SM; its producer takes the next tile from a global counter and
 //                   hands it to the consumers, so loads for the next tile start during this one
+// and one that is no rung of this step: HFA_WINDOW (default 0) compiles in the sliding window of
+// FaParams::window (first_kv_block, window_cuts, apply_mask), for step 10's v6_hopper_window.
 #pragma once
 #include "fa_params.h"
 #include "hopper_primitives.cuh"
@@ -33,6 +35,9 @@
 #endif
 #ifndef HFA_PERSISTENT
 #define HFA_PERSISTENT 1
+#endif
+#ifndef HFA_WINDOW
+#define HFA_WINDOW 0
 #endif
 
 namespace hfa {
@@ -138,6 +143,18 @@ HP_DEVICE int num_kv_blocks(const FaParams& p, int m_block) {
   return n;
 }
 
+// A sliding window (HFA_WINDOW builds, p.window > 0, with causal): key j is visible to query i iff
+// i + (Skv - Sq) - window < j <= i + (Skv - Sq). The first key block that row block m_block needs (its
+// first row's lower edge), and whether key block n0 reaches below the lower edge of some row up to
+// last_row (then it needs apply_mask). Without a window: block 0, and never.
+HP_DEVICE int first_kv_block(const FaParams& p, int m_block) {
+  if (!HFA_WINDOW || p.window <= 0) return 0;
+  return max(0, m_block * BLOCK_M + p.Skv - p.Sq - p.window + 1) / BLOCK_N;
+}
+HP_DEVICE bool window_cuts(const FaParams& p, int n0, int last_row) {
+  return HFA_WINDOW && p.window > 0 && n0 <= last_row + p.Skv - p.Sq - p.window;
+}
+
 
 // ============================================================================ consumer helpers
 // This thread's share of O_i and its running statistics: rows r0 = 16*warp + lane/4 and r0 + 8 of
@@ -156,14 +173,15 @@ struct Accum {
 };
 
 
-// Keys this thread's rows may not see get -inf: past the end, or past the bottom-right diagonal.
+// Keys this thread's rows may not see get -inf: past the end, or past the bottom-right diagonal (or
+// below a sliding window's lower edge).
 HP_DEVICE void apply_mask(float (&s)[BLOCK_N / 2], int n0, int row0, const FaParams& p, int lane) {
   const int diag = p.Skv - p.Sq;
 #pragma unroll
   for (int i = 0; i < BLOCK_N / 2; ++i) {
     const int col = n0 + (i / 4) * 8 + 2 * (lane & 3) + (i & 1);
     const int row = row0 + ((i >> 1) & 1) * 8;
-    if (col >= p.Skv || (p.causal && col > row + diag)) s[i] = -INFINITY;
+    if (col >= p.Skv || (p.causal && col > row + diag) || window_cuts(p, col, row)) s[i] = -INFINITY;
   }
 }
 

@@ -54,7 +54,7 @@ class FaParams(ctypes.Structure):  # fa_params.h
                 ("lse", ctypes.c_void_p)] + [
         (f"{t}_{s}", ctypes.c_int64) for t in "qkvo" for s in ("sb", "sh", "ss")] + [
         (n, ctypes.c_int) for n in ("B", "Hq", "Hkv", "Sq", "Skv", "D")] + [
-        ("scale", ctypes.c_float), ("causal", ctypes.c_int), ("is_bf16", ctypes.c_int)]
+        ("scale", ctypes.c_float), ("causal", ctypes.c_int), ("is_bf16", ctypes.c_int), ("window", ctypes.c_int)]
 
 
 def build(out_dir: Path, arch: str) -> Path:

@@ -33,7 +33,7 @@ HP_DEVICE void producer(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const 
   int it = 0, q_round = 0;
   for (int t = sched.first(); t < sched.total; t = sched.next(t)) {
     const Tile tile = sched(t);
-    const int nb = num_kv_blocks(p, tile.m_block);
+    const int nb = num_kv_blocks(p, tile.m_block), lo = first_kv_block(p, tile.m_block);
     if (nb == 0) continue;
     if (q_round > 0) mbar_wait(&bars.q_empty, (q_round - 1) & 1);
     mbar_expect_tx(&bars.q_full, L::kQBytes);
@@ -42,7 +42,7 @@ HP_DEVICE void producer(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const 
       tma_load_4d(smem + L::kQ + c * BLOCK_M * 128, tm_q, &bars.q_full, c * PANEL, tile.m_block * BLOCK_M, tile.h, tile.b);
     ++q_round;
     const int h_kv = tile.h / group;
-    for (int j = nb - 1; j >= 0; --j, ++it) {
+    for (int j = nb - 1; j >= lo; --j, ++it) {  // lo > 0: a sliding window (HFA_WINDOW builds)
       const int s = slot(it);
       mbar_wait(&bars.k_empty[s], phase(it) ^ 1);   // a fresh slot counts as released
       mbar_expect_tx(&bars.k_full[s], L::kKVBytes);
@@ -124,10 +124,10 @@ HP_DEVICE void consumer_mainloop(Accum<D>& acc, unsigned char* smem, Barriers& b
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const uint32_t q_addr = smem_u32(smem + L::kQ) + wg * 64 * 128;  // this warpgroup's 64 rows of Q_i
   const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
-  const int m0_wg = tile.m_block * BLOCK_M + wg * 64;
-  const int row0 = m0_wg + warp * 16 + lane / 4;
-  auto needs_mask = [&](int n0) {
-    return n0 + BLOCK_N > p.Skv || (p.causal && n0 + BLOCK_N - 1 > m0_wg + p.Skv - p.Sq);
+  const int m0_wg = tile.m_block * BLOCK_M + wg * 64, row0 = m0_wg + warp * 16 + lane / 4;
+  auto needs_mask = [&](int n0) {  // past Skv, past the causal diagonal, below a sliding window's lower edge
+    return n0 + BLOCK_N > p.Skv || (p.causal && n0 + BLOCK_N - 1 > m0_wg + p.Skv - p.Sq) ||
+           (HFA_WINDOW && window_cuts(p, n0, m0_wg + 63));
   };
   float s[BLOCK_N / 2];
   uint32_t p_frag[BLOCK_N / 16][4];
@@ -146,7 +146,7 @@ HP_DEVICE void consumer_mainloop(Accum<D>& acc, unsigned char* smem, Barriers& b
   online_softmax_update(s, acc.m, acc.l, alpha, scale_log2);
   convert_p<T>(s, p_frag);
 
-  for (int j = nb - 2; j >= 0; --j, ++it) {
+  for (int j = nb - 2, lo = first_kv_block(p, tile.m_block); j >= lo; --j, ++it) {
     const int sk = slot(it + 1), sv = slot(it);  // K_j sits one slot ahead of V_{j+1}
     mbar_wait(&bars.k_full[sk], phase(it + 1));
     gemm_turn_begin(wg);
