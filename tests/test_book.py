@@ -74,9 +74,11 @@ def test_the_finders_find(tmp_path):
     """The checks below can fail: a broken link, a solution line and a page out of order are found."""
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "p.html").write_text('<a href="../a/p.html#x">ok</a> <img src="../gone.png"> '
-                                           '<a href="https://example.org/">out</a> <a href="#top">top</a>')
-    broken, external = book.check_links(tmp_path)
+                                           '<a href="https://example.org/">out</a> <a href="#top">top</a> '
+                                           '<script src="https://cdn.example.org/tex-chtml.js"></script>')
+    broken, external, remote = book.check_links(tmp_path)
     assert broken == ["a/p.html -> ../gone.png"] and external == ["https://example.org/"]
+    assert remote == ["a/p.html -> https://cdn.example.org/tex-chtml.js"]
     secret = solution_only_lines("01_vanilla_attention")
     assert secret, "the solution of step 01 has no line of its own?"
     line = sorted(secret)[0]
@@ -137,7 +139,11 @@ def check_book(out: Path) -> None:
         body = page.read_text(encoding="utf-8")
         assert "Traceback (most recent call last)" not in body and "ipythontb" not in body, page
 
-    broken, external = book.check_links(html_dir)                      # every relative link resolves
+    broken, external, remote = book.check_links(html_dir)              # every relative link resolves
     assert not broken, broken
+    assert not remote, f"the book loads these from the network (offline, they fail): {remote[:5]}"
+    page = (html_dir / "course" / LECTURES[1]).with_suffix(".html").read_text(encoding="utf-8")
+    assert re.search(r'<script[^>]+src="[./]*_static/mathjax/tex-chtml\.js', page), \
+        "the lectures' formulas are not typeset by the book's own MathJax"
     assert all(u.startswith(("http://", "https://")) for u in external)
     assert (out / "external_links.txt").read_text().split() == external

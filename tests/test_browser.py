@@ -198,3 +198,34 @@ def test_exercise_01_in_jupyterlab(lab):
             assert "[small" in text and "passed" in text, text
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_book_formulas_render_offline(tmp_path):
+    """The book's formulas typeset in a browser with no network: MathJax comes with the book (a quick
+    build without execution; tests/test_book.py builds and checks the executed book)."""
+    chromium = _chromium()
+    sync_playwright = _playwright()
+    sys.path.insert(0, str(ROOT / "tools"))
+    import book
+
+    out = tmp_path / "book"
+    assert book.main(["--no-execute", "--out", str(out)]) == 0, "the book did not build"
+    page_path = out / "_build" / "html" / "course" / "03_online_softmax.html"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            ctx = browser.new_context(offline=True, viewport={"width": 1280, "height": 900})
+            page = ctx.new_page()
+            remote = []
+            page.on("request", lambda r: remote.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+            page.goto(page_path.as_uri())
+            typeset = page.locator("mjx-container")
+            typeset.first.wait_for(timeout=30_000)          # MathJax replaced the TeX with its own markup
+            page.screenshot(path=str(ARTIFACTS / "book_03_online_softmax.png"))
+            n, raw = typeset.count(), page.locator("#main-content").inner_text().count("\\(")
+        finally:
+            browser.close()
+    assert not remote, f"the book asked the network for {remote[:5]}"
+    assert n >= 20 and raw == 0, f"{n} formulas typeset, {raw} left as raw TeX"

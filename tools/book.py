@@ -17,8 +17,9 @@
    without a manifest (step 00), by number.
 3. ``jupyter-book build OUT``, then an offline link check of ``OUT/_build/html``: every relative
    href and src names a file of the build; external links are listed (``OUT/external_links.txt``),
-   not fetched. A broken link, or any Sphinx warning (a markdown link to a missing file is one),
-   fails the build (exit 1).
+   not fetched. A broken link, a script, stylesheet or image loaded from the network (MathJax comes
+   with the book: sphinx-mathjax-offline), or any Sphinx warning (a markdown link to a missing file
+   is one), fails the build (exit 1).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ IMAGE_RE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)[^)]*\)|<img[^>]*\bsrc=[\"']([^\"'
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 TRACEBACK = "Traceback (most recent call last)"
 MARKER = ".facourse-book"                 # OUT was made by this tool: safe to empty
+MATHJAX_EXTENSION = "sphinx-mathjax-offline"   # the package's module name, hyphens and all
 
 
 class BookError(Exception):
@@ -197,7 +199,9 @@ def stage(course_root: Path, steps: list[dict], out: Path, execute: bool) -> Non
                            "thebe": False, "colab_url": ""},
         "repository": {"url": ""},
         "parse": {"myst_enable_extensions": ["dollarmath", "amsmath", "colon_fence"]},
-        "sphinx": {"config": {"html_show_copyright": False, "nb_merge_streams": True}},
+        # MathJax from the book's own _static/mathjax (the extension copies it there), not from a CDN
+        "sphinx": {"extra_extensions": [MATHJAX_EXTENSION],
+                   "config": {"html_show_copyright": False, "nb_merge_streams": True}},
     }, indent=1) + "\n", encoding="utf-8")
     parts = []
     for s in steps:
@@ -211,28 +215,37 @@ def stage(course_root: Path, steps: list[dict], out: Path, execute: bool) -> Non
 class _Links(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
-        self.links: list[str] = []
+        self.links: list[tuple[str, str]] = []       # (tag, link)
 
     def handle_starttag(self, tag, attrs):
         for k, v in attrs:
             if k in ("href", "src") and v:
-                self.links.append(v)
+                self.links.append((tag, v))
 
 
-def check_links(html_dir: Path) -> tuple[list[str], list[str]]:
-    """(broken: "page -> link", external links) of every page of ``html_dir``."""
-    broken, external = [], set()
+#: Tags whose href/src the browser loads with the page (a script, a stylesheet, an image): on the
+#: network, the book would not render offline. An <a href> to the web is only a link to follow.
+ASSET_TAGS = ("script", "link", "img", "source", "iframe")
+
+
+def check_links(html_dir: Path) -> tuple[list[str], list[str], list[str]]:
+    """(broken: "page -> link", external links, remote assets: "page -> url") of every page of
+    ``html_dir``."""
+    broken, external, remote = [], set(), []
     for page in sorted(html_dir.rglob("*.html")):
         if page.relative_to(html_dir).parts[0] in ("_static", "_sources"):   # theme templates, not pages
             continue
         p = _Links()
         p.feed(page.read_text(encoding="utf-8", errors="replace"))
-        for link in p.links:
+        for tag, link in p.links:
             u = urlsplit(link)
-            if u.scheme in ("http", "https"):
-                external.add(link)
+            if u.scheme in ("http", "https") or (u.netloc and not u.scheme):
+                if tag in ASSET_TAGS:
+                    remote.append(f"{page.relative_to(html_dir)} -> {link}")
+                else:
+                    external.add(link)
                 continue
-            if u.scheme or u.netloc or not u.path:    # mailto:, data:, javascript:, //host, #anchor
+            if u.scheme or not u.path:                # mailto:, data:, javascript:, #anchor
                 continue
             target = (html_dir / unquote(u.path).lstrip("/")) if u.path.startswith("/") else \
                 page.parent / unquote(u.path)
@@ -240,7 +253,7 @@ def check_links(html_dir: Path) -> tuple[list[str], list[str]]:
                 target = target / "index.html"
             if not target.exists():
                 broken.append(f"{page.relative_to(html_dir)} -> {link}")
-    return broken, sorted(external)
+    return broken, sorted(external), remote
 
 
 # ----------------------------------------------------------------------------- main
@@ -296,10 +309,13 @@ def build(course_root: Path, out: Path, jobs: int, execute: bool = True) -> dict
     if warnings:     # a markdown link to a missing file is one (myst.xref_missing): no href to check after
         raise BookError(f"{len(warnings)} Sphinx warnings (the book builds without any):\n" + "\n".join(warnings[:30]))
     html_dir = out / "_build" / "html"
-    broken, external = check_links(html_dir)
+    broken, external, remote = check_links(html_dir)
     (out / "external_links.txt").write_text("".join(f"{u}\n" for u in external))
     if broken:
         raise BookError(f"{len(broken)} broken links in the book:\n" + "\n".join(broken[:50]))
+    if remote:
+        raise BookError(f"{len(remote)} scripts, stylesheets or images loaded from the network (the book must "
+                        f"render offline):\n" + "\n".join(remote[:50]))
     seconds = {"execute": round(t_exec, 1), "sphinx": round(t_sphinx, 1),
                "total": round(time.perf_counter() - t_start, 1)}
     (out / "timings.json").write_text(json.dumps({"lectures": timings, "failed": [], "seconds": seconds},
