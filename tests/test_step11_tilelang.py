@@ -87,7 +87,9 @@ def test_program_runs_right_on_the_cpu_stand_in(tiles):
         o, lse = tk.run_attention(_program, q, k, v, cfg.causal, tiles=tiles)
         ref, ref_lse = reference_attention(q, k, v, cfg.causal, dtype=torch.float64)
         assert not torch.isnan(o).any() and not torch.isnan(lse).any(), f"{cfg.name}: a row was never written"
-        tol = 2e-3 if dtype == torch.float16 else 1e-5
+        # fp32: logits of magnitude L carry an absolute rounding of about L * 2^-24 into exp(), so the
+        # overflow case (logits in the hundreds) gets a wider bound (measured: 2.9e-5 with torch 2.13's exp2)
+        tol = 2e-3 if dtype == torch.float16 else 1e-5 * max(1.0, cfg.logit_scale / 8)
         torch.testing.assert_close(o.double(), ref, rtol=tol, atol=tol, msg=cfg.name)
         assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), cfg.name
         fin = torch.isfinite(ref_lse)
