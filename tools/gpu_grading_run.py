@@ -115,33 +115,31 @@ def slow_05(code: dict[str, str]) -> dict[str, str]:
     return {"kernel": kernel, "wrapper": wrapper}
 
 
-_QK06 = """#pragma unroll
-  for (int n = 0; n < BLOCK_N / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-    for (int np = 0; np < BLOCK_N / 16; ++np) {
-      // matrices 0..3: keys (0-7, 0-7, 8-15, 8-15) x columns (0-7, 8-15, 0-7, 8-15) of this 16x16 block
-      const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
-      const int col = kk * 16 + ((lane >> 3) & 1) * 8;
-      uint32_t b[4];
-      ldmatrix_x4(b, smem_addr(sK + swizzle<D>(row, col)));
-      mma_16816<T>(s[2 * np], q_frag[kk], b[0], b[1]);
-      mma_16816<T>(s[2 * np + 1], q_frag[kk], b[2], b[3]);
-    }
-  }
-"""
+#: Where step 06's S = Q K^T loop starts in its solution: after S is zeroed, the loop over k-steps.
+_ZERO06 = "s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;\n"
+_LOOP06 = "#pragma unroll\n  for (int kk = 0; kk < D / 16; ++kk) {\n"
 
 
 def slow_06(solution: str) -> str:
-    first, rest = _QK06.split("#pragma unroll\n  for (int kk = 0; kk < D / 16; ++kk) {\n")
+    """Before the k-step loop of S = Q K^T, half of its k-steps run once more (the loop's own body, read
+    from the solution), and that S is multiplied by 0 before the real pass adds."""
+    if solution.count(_ZERO06) != 1:
+        raise SystemExit("06 slow qk_tile: the solution changed (S is not zeroed once): update tools/gpu_grading_run.py")
+    start = solution.find(_LOOP06, solution.index(_ZERO06))
+    if start < 0:
+        raise SystemExit("06 slow qk_tile: the solution changed (no k-step loop after S is zeroed): update "
+                         "tools/gpu_grading_run.py")
+    end, depth = start + len(_LOOP06), 1
+    while depth:                                   # the loop's body, to its closing brace
+        depth += {"{": 1, "}": -1}.get(solution[end], 0)
+        end += 1
+    body = solution[start + len(_LOOP06):end] + "\n"
     redundant = ("  // slow (tools/gpu_grading_run.py): half of the k-steps twice; this pass's S is multiplied by\n"
                  "  // 0 (not dead code: NaN * 0 is no 0, so the compiler keeps it), then the real pass adds.\n"
-                 "#pragma unroll\n  for (int kk = 0; kk < D / 32; ++kk) {\n" + rest +
+                 "#pragma unroll\n  for (int kk = 0; kk < D / 32; ++kk) {\n" + body +
                  "#pragma unroll\n  for (int n = 0; n < BLOCK_N / 8; ++n) {\n"
                  "    s[n][0] *= 0.f; s[n][1] *= 0.f; s[n][2] *= 0.f; s[n][3] *= 0.f;\n  }\n")
-    return _replace(solution, _QK06, first + redundant + "#pragma unroll\n  for (int kk = 0; kk < D / 16; ++kk) {\n"
-                    + rest, "06 slow qk_tile")
+    return solution[:start] + redundant + solution[start:]
 
 
 _GEMM_PV07 = "template <typename T, int D>\nHP_DEVICE void gemm_pv("
