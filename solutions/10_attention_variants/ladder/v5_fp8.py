@@ -14,6 +14,14 @@ have. For O = P V the reduction runs over the keys, so V must be stored [B, H, D
 contiguous): the kernel loads V^T tiles [D, BLOCK_N] and hands tl.dot their transpose, a view whose
 keys are contiguous. (Triton's fused-attention tutorial does the same for its FP8 path.)
 
+The loads. Q, K, V^T and O go through host-side 4-D tensor descriptors (v4's TMA loads): the TMA
+unit fetches whole tiles and fills rows and columns past Sq or Skv with zeros, so no load takes a
+mask (the ragged tile's keys are still masked in S) and no address is computed per element. TMA
+wants 16-byte strides: V^T's rows are Skv bytes, so a ragged Skv gets a padded copy (tma_ready).
+Before Hopper, Triton turns the descriptor loads back into pointer loads. On an H100 (`long`, inputs
+already in FP8, 64 x 128 tiles) this took the kernel from 801-803 to 876-880 TFLOP/s in the same
+sweep (see TILES), and to 888-890 in the step-10 ladder run of 2026-11-24, 1.47x v6's fp16 605.
+
 Needs a GPU with FP8 tensor cores (sm_89 or later); on a CPU the entry points raise. ``run_kernel``
 launches the kernel without that check: the tests run it in Triton's interpreter.
 """
@@ -27,55 +35,61 @@ import variants_common as vc  # noqa: E402  (sets up the interpreter without a G
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from facourse.triton_setup import validate_triton_inputs  # noqa: E402
 
 E4M3_MAX = 448.0
 INTERPRET = vc.interpret_without_gpu()
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) by causal or not. Non-causal measured on an H100 (`long`,
-# inputs already in FP8, 2026-11-23): 64 x 128 with 4 warps, 3 stages 809 TFLOP/s; 128 x 128 with 8
-# warps 627 / 716 / 725 (2 / 3 / 4 stages); 128 x 64, 3 stages 628; 128 x 256, 2 stages 682. Causal:
-# step 05's tile, not swept in FP8.
-TILES = {True: (128, 64, 8, 3), False: (64, 128, 4, 3)}
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), one tile for causal and not. Measured on an H100 (Triton 3.6, inputs
+# already in FP8, facourse.bench.time_calls, all variants in interleaved rounds; 2026-11-24). `long`
+# (non-causal, 8k): 64 x 128 with 4 warps 711 / 876-880 / 600 TFLOP/s (2 / 3 / 4 stages; the same tile
+# through pointer loads 801-803 in the same runs); 128 x 128 with 8 warps 607 / 723 / 719; 128 x 64,
+# 8 warps, 3 stages 580; 64 x 64, 3 stages 772; 64 x 256, 2 stages 547; 128 x 256, 2 stages 693. Tried
+# on 64 x 128 and slower: ex2.approx.f16x2 (two exp2 per MUFU instruction, then fp16 -> e4m3) 769;
+# S of the next tile issued before this tile's softmax 585 (255 registers); the loop unrolled twice
+# 561; 2 stages capped at 168 registers (room for three programs per SM) 815; tl.range(warp_specialize=True)
+# does not compile with 4 warps and changes nothing with 8. Causal 8k (B 2, H 16): 64 x 128 760-766,
+# 64 x 64 718-719, 128 x 64 with 8 warps 540; `large` (causal 1k): 64 x 64 591-598, 64 x 128 559-567.
+TILES = (64, 128, 4, 3)
 INTERPRET_TILES = (64, 64, 4, 1)
 FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num_stages) for a sweep
 
 
 @triton.jit
-def fp8_tiles(acc, m_i, l_i, q, k_base, vt_base, sks, svd, i, lo, hi, Skv, off, qk_scale,
+def fp8_tiles(acc, m_i, l_i, q, K, VT, b, h_kv, i, lo, hi, Skv, off, qk_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key tiles [lo, hi) of one query tile. MASKED tiles check the bounds and, causal, the diagonal."""
-    d = tl.arange(0, D)
     for start_n in tl.range(lo, hi, BLOCK_N):
-        j = start_n + tl.arange(0, BLOCK_N)[None, :]
+        k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)              # K_j [BLOCK_N, D]; rows past Skv: 0
+        vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)            # V_j^T [D, BLOCK_N]; likewise
+        s = tl.dot(q, k.T)                                          # FP8 x FP8 -> fp32
         if MASKED:
-            kT = tl.load(k_base + j * sks + d[:, None], mask=j < Skv, other=0.0)     # K_j^T [D, BLOCK_N]
-            vT = tl.load(vt_base + d[:, None] * svd + j, mask=j < Skv, other=0.0)    # V_j^T [D, BLOCK_N]
-        else:
-            kT = tl.load(k_base + j * sks + d[:, None])
-            vT = tl.load(vt_base + d[:, None] * svd + j)
-        s = tl.dot(q, kT)                                           # FP8 x FP8 -> fp32
-        if MASKED:
+            j = start_n + tl.arange(0, BLOCK_N)[None, :]
             keep = j < Skv
             if CAUSAL:
                 keep = keep & (j <= i + off)
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s * qk_scale - m_use[:, None])             # in [0, 1]: e4m3 needs no scale
+        if MASKED:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row that has seen no key yet
+        else:
+            m_use = m_new                                           # finite: the tile's keys are all seen
+        p = tl.math.exp2(s * qk_scale - m_use[:, None])             # one FMA; in [0, 1]: e4m3 needs no scale
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(vT.dtype), tl.trans(vT), acc * alpha[:, None])   # V_j: keys contiguous (K-major)
+        acc = tl.dot(p.to(vT.dtype), vT.T, acc * alpha[:, None])   # V_j: keys contiguous (K-major)
         m_i = m_new
     return acc, m_i, l_i
 
 
 @triton.jit
-def fp8_fwd(Q, K, VT, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V,
-            sqb, sqh, sqs, skb, skh, sks, svb, svh, svd, sob, soh, sos,
-            Hq, Hkv, Sq, Skv, scale, CAUSAL: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+def fp8_fwd(Q, K, VT, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V, Hq, Hkv, Sq, Skv, scale,
+            CAUSAL: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One query tile of one (batch, head). Q [B, Hq, Sq, D], K [B, Hkv, Skv, D], VT [B, Hkv, D, Skv]."""
+    """One query tile of one (batch, head). Q, K, VT, O: 4-D descriptors, Q [B, Hq, Sq, D] and O with
+    [1, 1, BLOCK_M, D] tiles, K [B, Hkv, Skv, D] with [1, 1, BLOCK_N, D], VT [B, Hkv, D, Skv] with
+    [1, 1, D, BLOCK_N]."""
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.cdiv(Sq, BLOCK_M) - 1 - pid_m                    # longest query tiles first
@@ -85,10 +99,7 @@ def fp8_fwd(Q, K, VT, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V,
     h_kv = h // GROUP
     start_m = pid_m * BLOCK_M
     i = start_m + tl.arange(0, BLOCK_M)[:, None]
-    d = tl.arange(0, D)
-    q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + i * sqs + d[None, :], mask=i < Sq, other=0.0)
-    k_base = K + b.to(tl.int64) * skb + h_kv.to(tl.int64) * skh
-    vt_base = VT + b.to(tl.int64) * svb + h_kv.to(tl.int64) * svh
+    q = Q.load([b, h, start_m, 0]).reshape(BLOCK_M, D)              # rows past Sq: 0
     # S in log2 units = s8 * scale * descale_q * descale_k * log2(e): one factor
     qk_scale = scale * tl.load(DESCALE_Q + b * Hq + h) * tl.load(DESCALE_K + b * Hkv + h_kv) * 1.4426950408889634
 
@@ -103,15 +114,14 @@ def fp8_fwd(Q, K, VT, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V,
     else:
         end_free = full_n
         hi = Skv
-    acc, m_i, l_i = fp8_tiles(acc, m_i, l_i, q, k_base, vt_base, sks, svd, i, 0, end_free, Skv, off, qk_scale,
-                              False, CAUSAL, D, BLOCK_N)          # off-band tiles: no mask
-    acc, m_i, l_i = fp8_tiles(acc, m_i, l_i, q, k_base, vt_base, sks, svd, i, end_free, hi, Skv, off, qk_scale,
-                              True, CAUSAL, D, BLOCK_N)           # the diagonal's and the ragged tile
+    acc, m_i, l_i = fp8_tiles(acc, m_i, l_i, q, K, VT, b, h_kv, i, 0, end_free, Skv, off, qk_scale,
+                              False, CAUSAL, D, BLOCK_N)         # off-band tiles: no mask
+    acc, m_i, l_i = fp8_tiles(acc, m_i, l_i, q, K, VT, b, h_kv, i, end_free, hi, Skv, off, qk_scale,
+                              True, CAUSAL, D, BLOCK_N)          # the diagonal's and the ragged tile
 
     o, lse = vc.finish(acc, m_i, l_i)
     o = o * tl.load(DESCALE_V + b * Hkv + h_kv)                     # V's scale, once per row
-    tl.store(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + i * sos + d[None, :], o.to(O.dtype.element_ty),
-             mask=i < Sq)
+    O.store([b, h, start_m, 0], o.to(O.dtype).reshape(1, 1, BLOCK_M, D))   # rows past Sq clipped
     tl.store(LSE + bh.to(tl.int64) * Sq + i, lse[:, None], mask=i < Sq)
 
 
@@ -130,6 +140,17 @@ def require_fp8_gpu(t):
                            f"tensors are on {where}")
 
 
+def tma_ready(t):
+    """t when the TMA unit can read it (a 16-byte aligned base, every stride but the last a multiple of
+    16 bytes), else a copy with its rows padded to 16 bytes (same shape): V^T's rows are Skv bytes long."""
+    es = t.element_size()
+    if t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]):
+        return t
+    n = t.shape[-1]
+    padded = torch.empty((*t.shape[:-1], -(-n * es // 16) * 16 // es), dtype=t.dtype, device=t.device)[..., :n]
+    return padded.copy_(t)
+
+
 def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype):
     """The launch, with no device check. q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D] (stride(-1) == 1),
     v8t [B, Hkv, D, Skv] (stride(-1) == 1), descales fp32 [B, Hq] and [B, Hkv]. Returns (o, lse)."""
@@ -141,12 +162,15 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     lse = torch.full((B, Hq, Sq), -math.inf, device=q8.device, dtype=torch.float32)
     if Sq == 0 or Skv == 0:
         return o, lse
-    BLOCK_M, BLOCK_N, num_warps, num_stages = FORCE_TILES or (INTERPRET_TILES if INTERPRET else TILES[bool(causal)])
+    BLOCK_M, BLOCK_N, num_warps, num_stages = FORCE_TILES or (INTERPRET_TILES if INTERPRET else TILES)
+    q8, k8, v8t = (tma_ready(t) for t in (q8, k8, v8t))
+    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+             for t, block in ((q8, [1, 1, BLOCK_M, D]), (k8, [1, 1, BLOCK_N, D]), (v8t, [1, 1, D, BLOCK_N]),
+                              (o, [1, 1, BLOCK_M, D]))]
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
     descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
-        q8, k8, v8t, o, lse, *descales, *q8.stride()[:3], *k8.stride()[:3], *v8t.stride()[:3], *o.stride()[:3],
-        Hq, Hkv, Sq, Skv, scale, bool(causal), Hq // Hkv, D, BLOCK_M, BLOCK_N, **launch)
+        *descs, lse, *descales, Hq, Hkv, Sq, Skv, scale, bool(causal), Hq // Hkv, D, BLOCK_M, BLOCK_N, **launch)
     return o, lse
 
 
