@@ -12,7 +12,7 @@
 #
 # Environment: PYTHON (interpreter, default python3), VENV (default .venv), TORCH_SPEC (the pip
 # requirement used for PyTorch when it is missing, default torch==2.13.0), EXTRAS (what to
-# install: `dev` in the repository, `student` in the student archive), OFFLINE=1 (install
+# install: `dev` in the repository (`demo` for ./course.sh demo), `student` in the student archive), OFFLINE=1 (install
 # nothing: use $VENV as it is, and fail if it lacks something).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -26,6 +26,7 @@ OFFLINE=${OFFLINE:-0}
 
 # The student archive (python -m autograder bundle) has neither the grading side nor the tests.
 if [ -d autograder ] && [ -d tests ]; then REPO=1; else REPO=0; fi
+EXTRAS_GIVEN=${EXTRAS:-}
 if [ "$REPO" = 1 ]; then EXTRAS=${EXTRAS:-dev}; else EXTRAS=${EXTRAS:-student}; fi
 PY="$VENV/bin/python"
 
@@ -149,6 +150,7 @@ case "$cmd" in
   check) setup; check "$@" ;;
   demo)
     [ "$REPO" = 1 ] || usage
+    EXTRAS=${EXTRAS_GIVEN:-demo}    # the `demo` extra: no book, no test tools (a `dev` .venv has it all)
     setup; exec "$PY" -m autograder demo ;;
   test)
     [ "$REPO" = 1 ] || usage
