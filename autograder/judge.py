@@ -33,6 +33,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -56,9 +57,52 @@ CALIBRATION_FACTOR = 1.5
 #: a kernel that floods the judge cannot exhaust the grading machine's memory.
 RECEIVE_BUDGET = {"cpu": 1 << 30, "cuda": 16 << 30}
 _ERRORS = {c.__name__: c for c in (AttentionCheckError, SoftmaxCheckError, CheatDetected, AttentionInputError)}
-# The checks print their summary lines; the judge keeps them for the verdict. Swapping sys.stdout
-# is process-wide, so verdicts of concurrent submissions take turns (a verdict takes seconds).
-_STDOUT = threading.Lock()
+
+
+class _ThreadStdout(io.TextIOBase):
+    """sys.stdout while verdicts are being decided: what a thread that captures writes goes to its own
+    buffer, everything else to the stdout it replaced."""
+
+    def __init__(self, fallback):
+        self.fallback = fallback
+        self.local = threading.local()
+
+    def write(self, text):
+        return (getattr(self.local, "buf", None) or self.fallback).write(text)
+
+    def flush(self):
+        if getattr(self.local, "buf", None) is None:
+            self.fallback.flush()
+
+
+_CAPTURE = threading.Lock()          # guards installing and removing the proxy, not the verdicts
+_proxy: _ThreadStdout | None = None
+_capturing = 0
+
+
+@contextlib.contextmanager
+def _capture_stdout(buf: io.StringIO):
+    """The checks print their summary lines; the judge keeps them for the verdict. This thread's
+    prints go to ``buf``, other threads' where they went: verdicts of concurrent submissions run side
+    by side (contextlib.redirect_stdout swaps sys.stdout for every thread, so they took turns)."""
+    global _proxy, _capturing
+    with _CAPTURE:
+        if _capturing == 0:
+            _proxy = _ThreadStdout(sys.stdout)
+            sys.stdout = _proxy
+        _capturing += 1
+        proxy = _proxy
+    proxy.local.buf = buf
+    try:
+        yield
+    finally:
+        proxy.local.buf = None
+        with _CAPTURE:
+            _capturing -= 1
+            if _capturing == 0:
+                if sys.stdout is proxy:
+                    sys.stdout = proxy.fallback
+                _proxy = None
 
 
 @dataclass
@@ -254,7 +298,7 @@ class Judge:
         for i, spec in enumerate(st.calls):
             replay = Replay(st.records.get(i, []), self.device)
             try:
-                with _STDOUT, contextlib.redirect_stdout(out):
+                with _capture_stdout(out):
                     CHECKS[spec["check"]](replay, seed=spec["seed"], device=self.device, **spec["kwargs"])
             except Exception as err:
                 msg = st.kernel_errors.get(i) if replay.exhausted and i in st.kernel_errors else _text(err)
@@ -277,7 +321,7 @@ class Judge:
             path = work / "student_kernel.cu"
             path.write_bytes(source)
             out = io.StringIO()
-            with _STDOUT, contextlib.redirect_stdout(out):
+            with _capture_stdout(out):
                 check_sass(path, include_dirs=[self.release_dir] if self.release_dir else [])
             return Verdict(max_points, max_points, True, "", _lines(out))
         except (SassCheckError, ToolUnavailable) as err:

@@ -370,3 +370,33 @@ def test_perf_cells_show_flashinfer_beside_the_graded_ratio(monkeypatch, capsys)
     monkeypatch.setattr(perf, "bench", broken)
     judge_client._also(None, spec, "FLASHINFER")
     assert "no comparison with FLASHINFER (RuntimeError: no module for bfloat16; not graded)" in capsys.readouterr().out
+
+
+def test_concurrent_verdicts_each_keep_their_own_printed_lines(capsys):
+    """Two verdicts decided at once (two workers): each keeps what its own check printed, nothing of
+    the other's, and the process's stdout is what it was before and after."""
+    import io
+    import sys
+    import threading
+
+    from autograder import judge as J
+
+    before = sys.stdout
+    barrier = threading.Barrier(2)
+    bufs = {"a": io.StringIO(), "b": io.StringIO()}
+
+    def verdict(name):
+        with J._capture_stdout(bufs[name]):
+            for i in range(50):
+                barrier.wait(timeout=10)          # the two threads print in lockstep
+                print(f"{name} line {i}")
+    threads = [threading.Thread(target=verdict, args=(n,)) for n in bufs]
+    for t in threads:
+        t.start()
+    print("the grading process's own line")
+    for t in threads:
+        t.join()
+    assert sys.stdout is before
+    for name, buf in bufs.items():
+        assert buf.getvalue().splitlines() == [f"{name} line {i}" for i in range(50)], name
+    assert capsys.readouterr().out == "the grading process's own line\n"
