@@ -74,6 +74,18 @@ class _ThreadStdout(io.TextIOBase):
         if getattr(self.local, "buf", None) is None:
             self.fallback.flush()
 
+    # what else code asks of sys.stdout meanwhile (a terminal? its encoding, its descriptor) is the
+    # replaced stdout's
+    @property
+    def encoding(self):
+        return getattr(self.fallback, "encoding", None)
+
+    def isatty(self):
+        return self.fallback.isatty()
+
+    def fileno(self):
+        return self.fallback.fileno()
+
 
 _CAPTURE = threading.Lock()          # guards installing and removing the proxy, not the verdicts
 _proxy: _ThreadStdout | None = None

@@ -124,12 +124,6 @@ def flex_fwd_tuned(Q, K, V, O, LSE, PARTIAL_NUM, PARTIAL_IDX, FULL_NUM, FULL_IDX
     tl.store(LSE + bh.to(tl.int64) * Sq + i, lse[:, None], mask=i < Sq)
 
 
-def tma_ready(t):
-    """TMA needs a 16-byte aligned base and 16-byte multiples for every stride but the last."""
-    es = t.element_size()
-    return t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
-
-
 def pick_tiles(D, block_mask):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages): the block mask's tiles when given, else the table's."""
     if FORCE_TILES is not None:
@@ -160,7 +154,7 @@ def flex_attention_triton(q, k, v, mask=None, score_mod=None, scale=None, block_
         block_mask = vc.build_block_mask(mask, B, Hq, Sq, Skv, BLOCK_M, BLOCK_N, q.device)
     assert (block_mask.Sq, block_mask.Skv, block_mask.BLOCK_M, block_mask.BLOCK_N) == (Sq, Skv, BLOCK_M, BLOCK_N), \
         "the block mask was built for other lengths or tiles"
-    q, k, v = (t if tma_ready(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
+    q, k, v = (t if vc.tma_ready(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
     descs = tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D])
                   for t, rows in ((q, BLOCK_M), (k, BLOCK_N), (v, BLOCK_N), (o, BLOCK_M)))
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)

@@ -17,7 +17,7 @@ keys are contiguous. (Triton's fused-attention tutorial does the same for its FP
 The loads. Q, K, V^T and O go through host-side 4-D tensor descriptors (v4's TMA loads): the TMA
 unit fetches whole tiles and fills rows and columns past Sq or Skv with zeros, so no load takes a
 mask (the ragged tile's keys are still masked in S) and no address is computed per element. TMA
-wants 16-byte strides: V^T's rows are Skv bytes, so a ragged Skv gets a padded copy (tma_ready).
+wants 16-byte strides: V^T's rows are Skv bytes, so a ragged Skv gets a padded copy (padded_for_tma).
 Before Hopper, Triton turns the descriptor loads back into pointer loads. On an H100 (`long`, inputs
 already in FP8, 64 x 128 tiles) this took the kernel from 801-803 to 876-880 TFLOP/s in the same
 sweep (see TILES), and to 888-890 in the step-10 ladder run of 2026-11-24, 1.47x v6's fp16 605.
@@ -140,13 +140,12 @@ def require_fp8_gpu(t):
                            f"tensors are on {where}")
 
 
-def tma_ready(t):
-    """t when the TMA unit can read it (a 16-byte aligned base, every stride but the last a multiple of
-    16 bytes), else a copy with its rows padded to 16 bytes (same shape): V^T's rows are Skv bytes long."""
-    es = t.element_size()
-    if t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1]):
+def padded_for_tma(t):
+    """t when the TMA unit can read it (variants_common.tma_ready), else a copy with its rows padded to
+    16 bytes (same shape): V^T's rows are Skv bytes long."""
+    if vc.tma_ready(t):
         return t
-    n = t.shape[-1]
+    es, n = t.element_size(), t.shape[-1]
     padded = torch.empty((*t.shape[:-1], -(-n * es // 16) * 16 // es), dtype=t.dtype, device=t.device)[..., :n]
     return padded.copy_(t)
 
@@ -163,7 +162,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     if Sq == 0 or Skv == 0:
         return o, lse
     BLOCK_M, BLOCK_N, num_warps, num_stages = FORCE_TILES or (INTERPRET_TILES if INTERPRET else TILES)
-    q8, k8, v8t = (tma_ready(t) for t in (q8, k8, v8t))
+    q8, k8, v8t = (padded_for_tma(t) for t in (q8, k8, v8t))
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block)
              for t, block in ((q8, [1, 1, BLOCK_M, D]), (k8, [1, 1, BLOCK_N, D]), (v8t, [1, 1, D, BLOCK_N]),
                               (o, [1, 1, BLOCK_M, D]))]

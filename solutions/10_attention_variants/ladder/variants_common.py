@@ -64,6 +64,12 @@ def online_softmax_step(acc, m_i, l_i, s, v):
     return acc, m_new, l_i
 
 
+def tma_ready(t) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte multiples for every stride but the last."""
+    es = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+
+
 @triton.jit
 def finish(acc, m_i, l_i):
     """O = acc / l and lse = ln 2 * (m + log2 l); a row that saw no key: O = 0, lse = -inf."""
