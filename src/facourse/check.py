@@ -12,8 +12,6 @@ configuration, the wrong rows and heads, and the most likely cause.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import secrets
 import warnings
 from dataclasses import dataclass, field
@@ -23,12 +21,9 @@ import torch
 from .configs import AttnConfig, get_config, make_inputs
 from .reference import default_scale, reference_attention, torch_attention
 
-ABS_SLACK = 1e-3
-REL_LIMIT = 1e-2
-
-
-class AttentionCheckError(AssertionError):
-    """A result that breaks the correctness rule. The message teaches what went wrong."""
+from .rule import (ABS_SLACK, REL_LIMIT, AttentionCheckError, CheckError, check_lse, collecting,  # noqa: F401
+                   describe_rows, is_collecting, masked_attention, max_abs, nan_filled_allocations,
+                   normalise_result, ranges, verifying)
 
 
 @dataclass
@@ -48,128 +43,19 @@ class CheckReport:
                 f"(allowed {self.allowed_abs_err:.2e}), relative {self.rel_err:.2e}{lse}")
 
 
-# ----------------------------------------------------------------------------- collecting
-_COLLECTING = contextvars.ContextVar("facourse_collecting", default=False)
+# the names other modules imported before facourse.rule held them
+_max_abs, _ranges, _masked_attention, _normalise = max_abs, ranges, masked_attention, normalise_result
 
 
-@contextlib.contextmanager
-def collecting():
-    """Inside this block the checks draw their inputs and call the function exactly as usual but
-    verify nothing (no reference is computed): the grading judge runs in another process, replays
-    the recorded outputs through the same check and decides there (autograder/README.md)."""
-    token = _COLLECTING.set(True)
-    try:
-        yield
-    finally:
-        _COLLECTING.reset(token)
-
-
-def is_collecting() -> bool:
-    return _COLLECTING.get()
-
-
-@contextlib.contextmanager
-def verifying():
-    """Checks verify inside this block even within ``collecting()``: for library code whose result
-    is a verdict a student's function returns (``facourse.interchange.trace``: a Trace's status), so
-    that the graded function behaves in the grading kernel as it does anywhere else."""
-    token = _COLLECTING.set(False)
-    try:
-        yield
-    finally:
-        _COLLECTING.reset(token)
-
-
-# ----------------------------------------------------------------------------- allocations
-_EMPTY_FNS = ("empty", "empty_like", "empty_strided")
-
-
-@contextlib.contextmanager
-def nan_filled_allocations(device=None):
-    """Inside this block, ``torch.empty*`` and ``Tensor.new_empty`` return NaN-filled tensors and
-    the CUDA caching allocator hands out NaN-filled memory, so an element a kernel forgets to
-    write reads NaN instead of a lucky zero."""
-    originals = {name: getattr(torch, name) for name in _EMPTY_FNS}
-    orig_new_empty = torch.Tensor.new_empty
-
-    def poison(t):
-        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
-            t.fill_(float("nan"))
-        return t
-
-    def wrap(fn):
-        def inner(*args, **kwargs):
-            return poison(fn(*args, **kwargs))
-        return inner
-
-    dev = torch.device(device) if device is not None else None
-    if dev is not None and dev.type == "cuda":
-        # Fill a large free block with NaN and hand it back to the caching allocator.
-        free = torch.cuda.mem_get_info(dev)[0]
-        n = int(min(free * 0.25, 1 << 30)) // 2
-        if n > 0:
-            blob = torch.empty(n, dtype=torch.float16, device=dev)
-            blob.fill_(float("nan"))
-            del blob
-    try:
-        for name, fn in originals.items():
-            setattr(torch, name, wrap(fn))
-        torch.Tensor.new_empty = wrap(orig_new_empty)
-        yield
-    finally:
-        for name, fn in originals.items():
-            setattr(torch, name, fn)
-        torch.Tensor.new_empty = orig_new_empty
-
-
-# ----------------------------------------------------------------------------- helpers
-def _max_abs(x: torch.Tensor) -> float:
-    return float(x.abs().max()) if x.numel() else 0.0
-
-
-def _ranges(idx: list[int], limit: int = 6) -> str:
-    """[0,1,2,5,7,8] -> '0-2, 5, 7-8'."""
-    if not idx:
-        return "none"
-    out, start, prev = [], idx[0], idx[0]
-    for i in idx[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    more = "" if len(out) <= limit else f", … ({len(out) - limit} more ranges)"
-    return ", ".join(out[:limit]) + more
+def _check_lse(lse, ref_lse, q, tag) -> float:
+    return check_lse(lse, ref_lse, q, tag)
 
 
 def _fmt_rows(bad_rows: torch.Tensor, Sq: int) -> str:
-    rows = torch.nonzero(bad_rows.any(dim=(0, 1))).flatten().tolist()
-    heads = torch.nonzero(bad_rows.any(dim=(0, 2))).flatten().tolist()
-    batches = torch.nonzero(bad_rows.any(dim=(1, 2))).flatten().tolist()
-    H = bad_rows.shape[1]
-    return (f"query rows {_ranges(rows)} ({len(rows)} of {Sq}); "
-            f"heads {'all ' + str(H) if len(heads) == H else _ranges(heads)}; "
-            f"batches {_ranges(batches)}")
+    return describe_rows(bad_rows)
 
 
 # ----------------------------------------------------------------------------- diagnosis
-def _masked_attention(q, k, v, scale, mask):
-    """Attention in float64 (fp32 on a GPU) with an arbitrary [Sq, Skv] mask (True = visible);
-    rows with no visible key give 0. To recognise masks that are off by one."""
-    B, Hq, Sq, D = q.shape
-    Hkv = k.shape[1]
-    dt = torch.float32 if q.device.type == "cuda" else torch.float64
-    idx = (torch.arange(Hq) // (Hq // Hkv)).to(q.device)
-    outs = []
-    for b in range(B):
-        s = torch.matmul(q[b].to(dt), k[b].to(dt).index_select(0, idx).transpose(-1, -2)) * scale
-        s = s.masked_fill(~mask, float("-inf"))
-        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
-        outs.append(torch.matmul(p, v[b].to(dt).index_select(0, idx)))
-    return torch.stack(outs)
-
-
 LN2 = 0.6931471805599453
 
 DIAGONAL_CAUSE = ("the diagonal is masked out: every row misses the one key on its own diagonal, "
@@ -412,54 +298,6 @@ def get_overflow_hint(q, k, scale) -> bool:
     s = default_scale(q.shape[-1], scale)
     std = float(q.detach().float().std()) * float(k.detach().float().std()) * q.shape[-1] ** 0.5 * s
     return std > 10.0
-
-
-def _check_lse(lse, ref_lse, q, tag) -> float:
-    B, Hq, Sq, _ = q.shape
-    if not isinstance(lse, torch.Tensor):
-        raise AttentionCheckError(f"{tag} lse must be a torch.Tensor, got {type(lse).__name__}")
-    if tuple(lse.shape) != (B, Hq, Sq):
-        raise AttentionCheckError(f"{tag} lse has shape {tuple(lse.shape)}; it must be [B, Hq, Sq] = "
-                                  f"{(B, Hq, Sq)}")
-    if lse.dtype != torch.float32:
-        raise AttentionCheckError(f"{tag} lse has dtype {lse.dtype}; it must be float32")
-    lse64 = lse.detach().to(torch.float64)
-    ref64 = ref_lse.to(torch.float64)
-    empty = torch.isneginf(ref64)
-    wrong_inf = torch.isneginf(lse64) != empty
-    if wrong_inf.any() or torch.isnan(lse64).any() or torch.isposinf(lse64).any():
-        bad = wrong_inf | torch.isnan(lse64) | torch.isposinf(lse64)
-        raise AttentionCheckError(
-            f"{tag} lse is not finite exactly where a row sees at least one key: wrong at "
-            f"{_fmt_rows(bad, Sq)}.\n  likely cause: lse = m + log(l) must be -inf only for rows "
-            "with no visible key, and never NaN")
-    fin = ~empty
-    diff = (lse64 - ref64).abs().masked_fill(~fin, 0.0)
-    tol = (2e-2 if q.dtype in (torch.float16, torch.bfloat16) else 1e-4) * (1 + ref64.abs().masked_fill(~fin, 0.0))
-    if (diff > tol).any():
-        bad = diff > tol
-        worst = float(diff.max())
-        ratio_ln2 = ""
-        d2 = (lse64 * 0.6931471805599453 - ref64).abs().masked_fill(~fin, 0.0)
-        if float(d2.max()) < worst / 10:
-            ratio_ln2 = (" It matches the reference divided by ln 2: lse must be a natural log; "
-                         "convert from base 2 (multiply by ln 2)")
-        raise AttentionCheckError(
-            f"{tag} lse is off by up to {worst:.3g} at {_fmt_rows(bad, Sq)}.\n  likely cause: lse_i "
-            f"= m_i + log(l_i) with m_i the scaled row max and l_i the row sum of exp(S - m_i).{ratio_ln2}")
-    return float(diff.max())
-
-
-def _normalise(result, expect_lse: bool, tag: str):
-    if isinstance(result, (tuple, list)):
-        if len(result) != 2:
-            raise AttentionCheckError(f"{tag} the function returned {len(result)} values; expected (o, lse)")
-        o, lse = result
-        return o, (lse if expect_lse else None)
-    if expect_lse:
-        raise AttentionCheckError(f"{tag} the function returned one tensor; this step's entry point "
-                                  "returns a pair (o, lse)")
-    return result, None
 
 
 def check_entry_point(fn, config: str | AttnConfig = "small", *, seed: int | None = None,

@@ -147,3 +147,20 @@ def torch_attention(q, k, v, causal: bool = False, scale=None):
         empty = ~mask.any(dim=-1)
         o = o.masked_fill(empty[None, None, :, None], 0.0)
     return torch.nan_to_num(o, nan=0.0)
+
+
+def masked_attention(q, k, v, scale, mask):
+    """Attention in float64 (fp32 on a GPU) with an arbitrary ``[Sq, Skv]`` mask (True = visible);
+    rows with no visible key give 0. The checks form mistakes with it (masks off by one, a ring's
+    missing block)."""
+    B, Hq, Sq, D = q.shape
+    Hkv = k.shape[1]
+    dt = torch.float32 if q.device.type == "cuda" else torch.float64
+    idx = kv_head_index(Hq, Hkv).to(q.device)
+    outs = []
+    for b in range(B):
+        s = torch.matmul(q[b].to(dt), k[b].to(dt).index_select(0, idx).transpose(-1, -2)) * scale
+        s = s.masked_fill(~mask, float("-inf"))
+        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+        outs.append(torch.matmul(p, v[b].to(dt).index_select(0, idx)))
+    return torch.stack(outs)

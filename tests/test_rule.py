@@ -1,0 +1,191 @@
+"""facourse.rule: the one correctness rule (the guarded call, compare, mistakes, the describer)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from facourse import rule
+from facourse.reference import causal_mask, reference_attention
+from facourse.rule import (ABS_SLACK, REL_LIMIT, CheckError, Mistake, check_lse, collecting, compare,
+                           describe_rows, diagnose, guarded_call, is_collecting, masked_attention, matches,
+                           max_abs, normalise_result, ranges, verifying)
+
+
+def test_check_error_is_the_attention_check_error():
+    from facourse import AttentionCheckError
+    assert CheckError is AttentionCheckError and issubclass(CheckError, AssertionError)
+    assert ABS_SLACK == 1e-3 and REL_LIMIT == 1e-2
+
+
+def test_collecting_and_verifying_are_one_switch():
+    from facourse import check
+    assert check.collecting is collecting and check.is_collecting is is_collecting
+    assert not is_collecting()
+    with collecting():
+        assert is_collecting()
+        with verifying():
+            assert not is_collecting()
+        assert is_collecting()
+    assert not is_collecting()
+
+
+def test_say_is_silent_while_collecting(capsys):
+    rule.say("one", "two")
+    with collecting():
+        rule.say("three")
+    assert capsys.readouterr().out == "one\ntwo\n"
+
+
+def test_ranges_and_describe_rows():
+    assert ranges([]) == "none"
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert "more ranges" in ranges(list(range(0, 40, 2)))
+    bad = torch.zeros(2, 4, 10, dtype=torch.bool)
+    bad[1, :, 3:6] = True
+    assert describe_rows(bad) == "query rows 3-5 (3 of 10); heads all 4; batches 1"
+    bad2 = torch.zeros(3, 5, dtype=torch.bool)
+    bad2[2, 4] = True
+    assert describe_rows(bad2, ("ranks", "sequences")) == "sequences 4 (1 of 5); ranks 2"
+    assert describe_rows(torch.tensor([False, True, True]), ("rows",)) == "rows 1-2 (2 of 3)"
+
+
+def test_max_abs():
+    assert max_abs(torch.tensor([-3.0, 2.0])) == 3.0 and max_abs(torch.empty(0)) == 0.0
+
+
+def test_guarded_call_fills_new_allocations_with_nan():
+    x = torch.ones(4)
+    out = guarded_call(lambda t: torch.empty_like(t), x, tag="[t]")
+    assert torch.isnan(out).all()
+    assert not torch.isnan(torch.empty(3)).any() or True     # restored afterwards (contents are arbitrary)
+    assert torch.empty is not None and torch.empty.__name__ == "empty"
+
+
+def test_guarded_call_prints_warnings_on_stdout(capsys):
+    def fn(x, *, scale):
+        warnings.warn("deprecated thing")
+        return x * scale
+    out = guarded_call(fn, torch.ones(2), tag="[t]", scale=2.0)
+    assert torch.equal(out, torch.full((2,), 2.0))
+    cap = capsys.readouterr()
+    assert "note: the call raised a warning: deprecated thing" in cap.out and cap.err == ""
+
+
+def test_guarded_call_refuses_a_modified_input():
+    x = torch.tensor([1.0, float("-inf"), 3.0])
+    guarded_call(lambda t: t.clone(), x, tag="[t]", inputs={"x": x})        # -inf compares equal
+    with pytest.raises(CheckError, match=r"\[t\] x was modified by the call: leave it"):
+        guarded_call(lambda t: t.mul_(2), x, tag="[t]", inputs={"x": x}, untouched="leave it")
+
+    class Mine(CheckError):
+        pass
+    with pytest.raises(Mine):
+        guarded_call(lambda t: t.add_(1), torch.zeros(2), tag="[t]", error=Mine)
+
+
+def test_compare_passes_and_fails_by_the_rules():
+    ref = torch.linspace(-1, 1, 64, dtype=torch.float64).reshape(2, 32)
+    ok = compare(ref.half(), ref, 1e-3, name="o", tag="[t]")
+    assert ok.ok and ok.failure is None and ok.allowed == pytest.approx(2e-3 + ABS_SLACK)
+    off = ref.clone()
+    off[1, 5] += 0.1
+    bad = compare(off, ref, 1e-4, name="o", tag="[t]")
+    assert not bad.ok and bad.failure == "values" and bad.bad_rows.tolist() == [False, True]
+    assert bad.worst[0] == (1, 5)
+    msg = str(bad.error("because", labels=("rows",)))
+    assert "[t] wrong values in o: max|o - ref| = 0.1" in msg and "rows 1 (1 of 2)" in msg and "because" in msg
+    nan = ref.clone()
+    nan[0, 0] = float("nan")
+    assert compare(nan, ref, 1e-4, tag="[t]").failure == "nonfinite"
+    # rule 3: the relative limit, independent of the absolute one
+    small = ref * 1e-3
+    rel = compare(small * 1.05, small, 1.0, tag="[t]")
+    assert rel.failure == "values" and rel.rel >= REL_LIMIT and rel.bad.any()
+    assert compare(small * 1.05, small, 1.0, tag="[t]", rel_limit=None).ok
+
+
+def test_compare_empty_rows_must_hold_the_empty_value():
+    ref = torch.randn(3, 4, dtype=torch.float64)
+    ref[0] = 0.0
+    empty = torch.tensor([True, False, False])[:, None]
+    out = ref.clone()
+    assert compare(out, ref, 0.0, empty=empty).ok
+    out[0, 2] = 1e-5                         # within tolerance, but an empty row must be exactly 0
+    c = compare(out, ref, 0.0, empty=empty)
+    assert c.failure == "not_empty" and c.not_empty_rows.tolist() == [True, False, False]
+    lse_ref = torch.tensor([float("-inf"), 1.0, 2.0], dtype=torch.float64)
+    assert compare(lse_ref.float(), lse_ref, 0.0, empty=torch.isneginf(lse_ref), empty_value=float("-inf"),
+                   row_dim=None).ok
+
+
+def test_compare_computes_nothing_while_collecting():
+    def boom():
+        raise RuntimeError("the reference must not be computed")
+    with collecting():
+        c = compare(torch.zeros(3), boom, boom, name="o", tag="[t]")
+    assert c.ok and c.collected
+
+
+def test_matches_allows_one_ulp_of_the_dtype():
+    alt = torch.full((8,), 1000.0, dtype=torch.float64)
+    out = (alt + 0.4).half()                 # fp16's ulp at 1000 is 0.5
+    assert matches(out, alt, 0.0)
+    assert not matches(out, alt + 2.0, 0.5)                # two ulps away, past tol
+    f32 = torch.full((8,), 1.0, dtype=torch.float32)
+    assert not matches(f32, f32.double() + 1e-3, 0.0)
+    assert matches(f32, f32.double() + 1e-3, 2e-3)
+    assert not matches(out, alt[:4], 1.0)                  # shapes differ
+    nan = torch.tensor([float("nan"), 1.0])
+    assert matches(nan, torch.tensor([float("nan"), 1.0]), 0.0) and not matches(nan, torch.ones(2), 0.0)
+
+
+def _outs(**kw):
+    return {n: torch.full((4,), float(v)) for n, v in kw.items()}
+
+
+def test_diagnose_names_a_mistake_only_when_it_explains_every_wrong_output():
+    student = _outs(dq=2, dk=5, dv=1)                      # dq and dk wrong, dv right
+    only_dq = Mistake("dq only", lambda: _outs(dq=2, dk=1, dv=1), frozenset({"dq"}))
+    both = Mistake("dq and dk", lambda: _outs(dq=2, dk=5, dv=1), frozenset({"dq", "dk"}))
+    assert diagnose(student, {"dq", "dk"}, [only_dq], 1e-6) is None          # explains only part
+    # its signature says it breaks dq alone: even outputs that happen to match do not make it the cause
+    claims_dq = Mistake("claims dq", lambda: _outs(dq=2, dk=5, dv=1), frozenset({"dq"}))
+    assert diagnose(student, {"dq", "dk"}, [claims_dq], 1e-6) is None
+    assert diagnose(student, {"dq", "dk"}, [only_dq, both], 1e-6) is both
+    too_much = Mistake("all three", lambda: _outs(dq=2, dk=5, dv=1), frozenset({"dq", "dk", "dv"}))
+    assert diagnose(student, {"dq", "dk"}, [too_much], 1e-6) is None         # dv is right: not this one
+    wrong_values = Mistake("dq and dk, other values", lambda: _outs(dq=3, dk=5, dv=1), frozenset({"dq", "dk"}))
+    assert diagnose(student, {"dq", "dk"}, [wrong_values], {"dq": 0.5, "dk": 0.5}) is None
+    assert diagnose(student, {"dq", "dk"}, [wrong_values], {"dq": 1.0, "dk": 0.5}) is wrong_values
+
+    def broken():
+        raise ValueError("cannot form")
+    assert diagnose(student, {"dq"}, [Mistake("x", broken, frozenset({"dq"})), only_dq], 1e-6) is only_dq
+
+
+def test_check_lse_and_normalise_result():
+    q = torch.zeros(1, 2, 3, 4)
+    ref = torch.tensor([[[float("-inf"), 1.0, 2.0]] * 2])
+    assert check_lse(ref.clone(), ref, q, "[t]") == 0.0
+    with pytest.raises(CheckError, match="not finite exactly where"):
+        check_lse(torch.zeros(1, 2, 3), ref, q, "[t]")
+    with pytest.raises(CheckError, match="divided by ln 2"):
+        check_lse(ref / 0.6931471805599453, ref, q, "[t]")
+    with pytest.raises(CheckError, match="float32"):
+        check_lse(ref.double(), ref, q, "[t]")
+    o = torch.ones(2)
+    assert normalise_result((o, o), False, "[t]")[1] is None
+    with pytest.raises(CheckError, match="returns a pair"):
+        normalise_result(o, True, "[t]")
+    with pytest.raises(CheckError, match="returned 3 values"):
+        normalise_result((o, o, o), True, "[t]")
+
+
+def test_masked_attention_is_the_reference_under_its_mask():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 5, 8, generator=g) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    want = reference_attention(q, k, v, True, 0.3)[0]
+    assert torch.allclose(masked_attention(q, k, v, 0.3, causal_mask(5, 5)), want)
