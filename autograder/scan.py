@@ -52,8 +52,9 @@ FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_atten
 # Step 11: what facourse.interchange holds of the exercise's answers (the spec it checks against, the
 # grader's own definition and candidates): a submission that uses them instead of writing its own
 # definition is for an instructor to look at.
-INTERCHANGE_ANSWERS = re.compile(r"\b(?:_spec_definition|SPEC|AXES|INPUTS|OUTPUTS|_solution_source|_routing_\w+|"
-                                 r"_TRACE_\w+|trace_candidates|routing_trace_set)\b")
+INTERCHANGE_ANSWERS = re.compile(r"\b(?:_?spec_definition|SPEC|AXES|INPUTS|OUTPUTS|_?solution_source|_routing_\w+|"
+                                 r"routing_(?:tags|solution|trace|workloads|trace_set)|_?ROUTING_[A-Z]+|"
+                                 r"_?TRACE_[A-Z]+|trace_candidates)\b")
 # Step 11's TileLang program: on the CPU it runs on facourse.tilelang_cpu, whose buffers hold NumPy arrays;
 # a program that reaches them (or the stand-in's internals) computes outside the language, which only the
 # GPU tests (TileLang's compiler) would refuse: for an instructor to look at.

@@ -176,7 +176,7 @@ def test_layout_adapters_are_views_and_definition_run_passes():
 
 def test_workloads_are_the_seeds_with_var_axes_only_and_stable_uuids():
     gpu = ic.workloads("gpu")
-    assert [ic._shape(w) for w in gpu] == list(ic.WORKLOADS.values())
+    assert [ic.workload_shape(w) for w in gpu] == list(ic.WORKLOADS.values())
     assert ic.WORKLOADS["long"] == (2, 8192, 8192, False) and ic.WORKLOADS["asymmetric"] == (4, 128, 2048, True)
     d = fib.Definition(**definition())
     for profile in ("gpu", "cpu"):
@@ -187,7 +187,7 @@ def test_workloads_are_the_seeds_with_var_axes_only_and_stable_uuids():
             assert set(w.axes) == set(d.var_axes)          # a const axis in axes would never match a call
             assert w.inputs["causal"].type == "scalar"
     assert not {w.uuid for w in gpu} & {w.uuid for w in ic.workloads("cpu")}
-    cpu = [ic._shape(w) for w in ic.workloads("cpu")]
+    cpu = [ic.workload_shape(w) for w in ic.workloads("cpu")]
     assert any(c and sq < skv for _, sq, skv, c in cpu) and any(c and sq > skv for _, sq, skv, c in cpu)
     assert any(sq == 1 for _, sq, _, _ in cpu) and (1, 200, 333, True) in cpu
     assert len({s[:3] for s in cpu}) == len(cpu), "CPU shapes must be distinct apply() keys"
@@ -255,7 +255,7 @@ def test_trace_records_the_courses_verdict_and_survives_apply_filter_when_passed
     assert "q was modified by the call" in traces["in_place"][0].evaluation.log
     assert "the build failed" in traces["unbuilt"][0].evaluation.log and "tvm_ffi" in traces["unbuilt"][0].evaluation.log
 
-    solutions = [ic._routing_solution(name, 600.0 + i) for i, name in enumerate(traces)]
+    solutions = [ic.routing_solution(name, 600.0 + i) for i, name in enumerate(traces)]
     flat = [t for ts in traces.values() for t in ts]
     root = ic.save_trace_set(tmp_path / "set", d, solutions, ws, flat)
     loaded = fib.TraceSet.from_path(str(root))
@@ -280,7 +280,7 @@ def test_apply_prefers_a_timed_passed_trace_to_an_untimed_one(tmp_path):
     untimed = ic.trace(d, "kernel_x", ic.definition_run(kernel), w)
     timed = untimed.model_copy(update={"solution": "kernel_y", "evaluation": untimed.evaluation.model_copy(
         update={"performance": fib.Performance(latency_ms=2.0, reference_latency_ms=1.0, speedup_factor=0.5)})})
-    solutions = [ic._routing_solution(n, 700.0 + i) for i, n in enumerate(("kernel_x", "kernel_y"))]
+    solutions = [ic.routing_solution(n, 700.0 + i) for i, n in enumerate(("kernel_x", "kernel_y"))]
     for order in ([untimed, timed], [timed, untimed]):
         root = ic.save_trace_set(tmp_path / f"set{order[0].solution}", d, solutions, [w], order)
         table = ApplyTable.load_or_build(fib.TraceSet.from_path(str(root)),
@@ -332,13 +332,13 @@ def test_a_correct_apply_deployment_passes_the_routing_check(routing_root, fib_c
 def test_the_python_builder_builds_the_synthetic_solutions_and_their_tags_show(routing_root):
     ts = fib.TraceSet.from_path(routing_root)
     d = ts.definitions[ic.DEFINITION_NAME]
-    tags = ic._routing_tags(SEED)
-    wA = ic._routing_workloads()["A"]
+    tags = ic.routing_tags(SEED)
+    wA = ic.routing_workloads()["A"]
     q, k, v, causal = ic.make_workload_inputs(wA, seed=0)
-    for name in ic._ROUTING_SOLUTIONS:
+    for name in ic.ROUTING_SOLUTIONS:
         out = BuilderRegistry.get_instance().build(d, ts.get_solution(name)).call_value_returning(q, k, v, causal)
         assert float(out[ic.TAG_INDEX]) == tags[name] and out.dtype == torch.float16
-        assert ic._served_by(out, tags) == name
+        assert ic.served_by(out, tags) == name
         o = ic.from_course(out).clone()                  # the tag's element back to what the solution computes
         align = "top_left" if name == "fast_wrong" else "bottom_right"
         o[0, 0, -1, 0] = reference_attention(*ic.to_course(q, k, v), causal, align=align)[0][0, 0, -1, 0]
@@ -465,7 +465,7 @@ from facourse import interchange as ic
 root = Path(sys.argv[1])
 found = ic.student_solutions(root)
 out = {"kinds": {k: type(v).__name__ for k, v in found.items()}}
-defn = ic._spec_definition()
+defn = ic.spec_definition()
 for step in ("05", "06"):
     s = found[step]
     if isinstance(s, str):
