@@ -68,7 +68,7 @@ def main(argv=None) -> int:
                   f"{(v.message or (v.output[-1] if v.output else '')).splitlines()[0][:110] if (v.message or v.output) else ''}",
                   flush=True)
 
-    from benchmarks.ladder import entry_point
+    from benchmarks.rungs import entry_point
     from facourse.steps import load_step
 
     if "05" in parts:
@@ -98,7 +98,7 @@ def _full_marks(t, v):
 
 def _step05(expect, J, facourse):
     """Step 05's perf test and its anti-cheat; the stand-ins wrap the ladder's solution."""
-    from benchmarks.ladder import entry_point
+    from benchmarks.rungs import entry_point
     from facourse.steps import load_step
 
     step05 = "05_triton_flash_attention"
@@ -146,7 +146,7 @@ def _step05(expect, J, facourse):
 
 def _steps06_07(expect, J, parts):
     """The exercise solutions of steps 06 and 07, every test of their plans."""
-    from benchmarks.ladder import entry_point
+    from benchmarks.rungs import entry_point
     from facourse import has_sm90a
 
     full_marks = _full_marks
@@ -170,7 +170,7 @@ def _steps06_07(expect, J, parts):
 
 def _step08(expect, J):
     """The exercise's solution on every test; a matmul in the backward and a kept P each score 0."""
-    from benchmarks.ladder import entry_point
+    from benchmarks.rungs import entry_point
 
     step08 = "08_backward"
     sol = entry_point("08", "v2_two_kernel")
@@ -209,7 +209,7 @@ def _step08(expect, J):
 
 def _step09(expect, J):
     """The exercise's solution on every test; the tuned rung on the perf tests; a cached output flagged."""
-    from benchmarks.ladder import entry_point
+    from benchmarks.rungs import entry_point
     from facourse.steps import load_step
 
     step09 = "09_decode_paged_kv"
@@ -234,7 +234,7 @@ def _step10(expect, J):
     """The exercise's solution on every test (the block-mask builder and the kernel, each where its
     hidden cell passes it); the tuned rung on the perf tests; a kernel that ignores a given block mask
     (it builds its own) loses the tile-lists test."""
-    from benchmarks.ladder import _load_py
+    from benchmarks.rungs import load_py as _load_py
     from facourse.steps import load_step
 
     step10 = "10_attention_variants"

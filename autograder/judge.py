@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from facourse import AttentionCheckError, AttentionInputError
-from facourse.bench import MODES
+from facourse import kinds
 from facourse.softmax_check import SoftmaxCheckError
 
 from . import wire
@@ -53,6 +53,9 @@ from .plans import Test, plan_of
 
 #: A perf record's reference time must be within this factor of the judge's own calibration.
 CALIBRATION_FACTOR = 1.5
+#: A measured rate the GPU cannot reach flags the record: a compute-bound kind against the roofline, a
+#: memory-bound one against HBM's bandwidth.
+PLAUSIBLE = {"compute": roofline_verdict, "memory": bandwidth_verdict}
 #: Bytes of outputs one submission may send (the largest plan needs well under a tenth of this):
 #: a kernel that floods the judge cannot exhaust the grading machine's memory.
 RECEIVE_BUDGET = {"cpu": 1 << 30, "cuda": 16 << 30}
@@ -344,8 +347,6 @@ class Judge:
             shutil.rmtree(work, ignore_errors=True)
 
     def _perf(self, st: _State, max_points: float, output: list) -> Verdict:
-        from facourse import get_config
-
         spec = st.test.perf
         rec = st.perf
         base = {"step": spec["step"], "config": spec["config"], "points_max": max_points, "points": 0.0}
@@ -365,34 +366,20 @@ class Judge:
         if not (t_s > 0 and t_r > 0):
             return refuse("flagged", "the timing record holds a time that is not positive")
         gpu = torch.cuda.get_device_name(self.device)
-        mode = spec.get("mode", "forward")
+        kind = kinds.get(spec.get("mode"))
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
         nums = {"t_student_ms": t_s, "t_ref_ms": t_r, "ratio": t_r / t_s, "backend": t["reference"], "gpu": gpu,
                 "env": {**env, "gpu": gpu}, "host_student_us": rec.get("host_student_us"),
                 "host_ref_us": rec.get("host_ref_us")}
-        if mode == "decode":        # step 09: the rate K and V are read at, against HBM's
-            from facourse.decode import get_decode_case
-            nbytes = get_decode_case(spec["config"], "cuda").kv_bytes(torch.float16)
-            rate_s, rate_r = nbytes / (t_s * 1e-3) / 1e9, nbytes / (t_r * 1e-3) / 1e9
-            nums.update(gbps_student=rate_s, gbps_ref=rate_r)
-            flag = bandwidth_verdict(rate_s, gpu)
-            ref = t["reference"] if t["reference"] != "FASTEST" else f"fastest ({rec.get('backend', '?')})"
-            rates = f"{rate_s:.0f} GB/s of K/V against SDPA {ref} {rate_r:.0f}"
-        else:
-            if mode == "variant":       # step 10: visible pairs of the perf case's mask
-                from facourse.variants import perf_flops
-                flops = perf_flops(spec["config"])
-            else:
-                flops = get_config(spec["config"], self.device).flops() * MODES[mode]
-            tflops_s, tflops_r = flops / (t_s * 1e-3) / 1e12, flops / (t_r * 1e-3) / 1e12
-            nums.update(tflops_student=tflops_s, tflops_ref=tflops_r)
-            flag = roofline_verdict(tflops_s, gpu)
-            ref_name = "compiled FlexAttention" if t["reference"] == "FLEX" else f"SDPA {t['reference']}"
-            rates = f"{tflops_s:.0f} TFLOP/s against {ref_name} {tflops_r:.0f}"
+        work = kind.perf_work(spec["config"], self.device)
+        rate_s, rate_r = kind.rate(work, t_s), kind.rate(work, t_r)
+        nums.update({f"{kind.rate_key}_student": rate_s, f"{kind.rate_key}_ref": rate_r})
+        flag = PLAUSIBLE[kind.bound](rate_s, gpu)
+        rates = kind.rates_text(rate_s, rate_r, t["reference"], rec)
         if flag:
             return refuse("flagged", f"Not trusted: {flag}", **nums)
         try:
-            cal = calibration(self.device, spec["config"], t["reference"], mode)
+            cal = calibration(self.device, spec["config"], t["reference"], kind.name)
         except Exception as err:
             return refuse("unverified", f"the judge could not time the reference on this GPU to check the "
                           f"record against ({type(err).__name__}: {err}); no perf points", **nums)
@@ -403,8 +390,7 @@ class Judge:
                           f"{CALIBRATION_FACTOR}x apart): the timing was not measured as the bench measures",
                           **nums)
         got = points_for(t_r / t_s, t, max_points)
-        what = "" if mode == "forward" else f" ({mode})"
-        line = (f"{spec['config']}{what}: {rates}: "
+        line = (f"{spec['config']}{kind.label}: {rates}: "
                 f"{t_r / t_s:.2f}x; thresholds min {t['min']} (half the points), target {t['target']} (all): "
                 f"{got:g} of {max_points:g} points")
         return Verdict(got, max_points, got > 0, "" if got > 0 else line, output + [line],
@@ -504,24 +490,15 @@ _CAL_LOCK = threading.Lock()
 def calibration(device: str, config: str, backend: str, mode: str = "forward") -> float:
     """The reference backend's own time (ms) on ``config`` on this GPU, measured once by the judge.
     Raises when it cannot be measured: a perf record is then not accepted (nothing to check it by)."""
-    from facourse.bench import reference
-
     from .perf import bench
 
-    key = (device, torch.cuda.get_device_name(device), config, backend, mode)
+    kind = kinds.get(mode)
+    key = (device, torch.cuda.get_device_name(device), config, backend, kind.name)
     with _CAL_LOCK:
         if key not in _CAL:
             # the student's side of this bench: the reference itself (a decode: a call that does nothing)
-            if mode == "decode":
-                ref = lambda *a, **k: None                          # noqa: E731
-            elif mode == "variant":
-                from facourse.variants import flex_reference, perf_case
-                cfg, mask = perf_case(config)
-                with torch.cuda.device(device):
-                    ref = flex_reference(mask, cfg.B, cfg.Hq, cfg.Sq, cfg.Skv, device=device)
-            else:
-                ref = reference(backend)[0]
             with torch.cuda.device(device):
-                res = bench(ref, config, backend, mode)
+                ref = kind.calibration_fn(config, backend, device)
+                res = bench(ref, config, backend, kind.name)
             _CAL[key] = res.t_ref_ms
         return _CAL[key]

@@ -1,8 +1,8 @@
 """Performance grading's rules (steps 05-09): the thresholds and the machine. Grading-only.
 
 A perf cell goes through the judge like every hidden test (``judge.py``): the kernel checks the
-result at full size and times student and reference with the course's bench (``bench``: 
-``facourse.bench_attention``, or ``facourse.decode.bench_decode`` for step 09's decode); the judge
+result at full size and times student and reference with the course's bench (``bench``:
+the step kind's, ``facourse.kinds``); the judge
 decides with these rules: half the points at the ``min`` ratio of thresholds.toml, all at
 ``target``; and records the machine a grade was measured on (GPU, driver, torch, Triton, CUDA,
 cuDNN) with every perf record.
@@ -27,19 +27,12 @@ def thresholds(step: str, path: Path = THRESHOLDS) -> dict:
 
 
 def bench(fn, config: str, backend: str, mode: str = "forward"):
-    """The one bench for a perf test's ``mode``: attention ("forward", "backward", "train") in TFLOP/s,
-    a paged decode ("decode") in GB/s of K and V read, or an attention variant ("variant", step 10) in
-    TFLOP/s of visible pairs; fp16, against SDPA's ``backend`` (a variant: compiled FlexAttention)."""
-    import torch
+    """The one bench for a perf test: its kind's (``facourse.kinds``: attention forward or backward in
+    TFLOP/s, a paged decode in GB/s of K and V read, a variant in TFLOP/s of visible pairs), fp16,
+    against ``backend`` (SDPA's; a variant's window: compiled FlexAttention)."""
+    from facourse import kinds
 
-    if mode == "decode":
-        from facourse.decode import bench_decode
-        return bench_decode(fn, config, backend=backend, dtype=torch.float16)
-    if mode == "variant":
-        from facourse.variants import bench_variant
-        return bench_variant(fn, config, backend=backend)
-    from facourse import bench_attention
-    return bench_attention(fn, config, backend=backend, dtype=torch.float16, mode=mode)
+    return kinds.get(mode).perf_bench(fn, config, backend)
 
 
 def points_for(ratio: float, t: dict, points: float) -> float:

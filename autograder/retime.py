@@ -22,11 +22,10 @@ from .plans import plan_of
 from .scan import student_cells
 
 
-
-def _exercise(assignment: str) -> dict:
-    """The step's manifest's [exercise]: its entry point and (step 08) its mode."""
+def _step(assignment: str) -> dict:
+    """The step's manifest: its entry point and its kind."""
     from facourse.steps import load_step
-    return load_step(assignment[:2])["exercise"]
+    return load_step(assignment[:2])
 
 
 def _given_andstudent_cells(nb: dict) -> list[str]:
@@ -44,8 +43,7 @@ def _given_andstudent_cells(nb: dict) -> list[str]:
 def retime(folder: Path, assignment: str) -> int:
     import torch
 
-    from facourse import bench_attention, get_config
-    from facourse.bench import MODES, timed_call
+    from facourse import kinds
 
     from .perf import thresholds
 
@@ -54,8 +52,8 @@ def retime(folder: Path, assignment: str) -> int:
     configs = [t.perf["config"] for t in plan_of(assignment).values() if t.perf]
     if not configs:
         raise GradingError(f"{assignment} has no perf tests")
-    exercise = _exercise(assignment)
-    mode = exercise.get("mode", "forward")
+    m = _step(assignment)
+    kind = kinds.of_step(m)
     nbs = sorted(folder.glob("*.ipynb"))
     if not nbs:
         raise GradingError(f"no notebook in {folder}")
@@ -76,24 +74,13 @@ def retime(folder: Path, assignment: str) -> int:
         ns = runpy.run_path(str(work / "_retimed_submission.py"), run_name="_retimed_submission")
     finally:
         os.chdir(cwd)
-    fn = ns[exercise["entry_point"]]
+    fn = ns[m["entry_points"][0]]
     backend = thresholds(assignment)["reference"]
     for name in configs:
-        if mode == "decode":                  # step 09: the paged decode, timed as its perf cell times it
-            from facourse.decode import bench_decode, get_decode_case, make_paged_inputs
-            res = bench_decode(fn, name, backend=backend)
-            inputs = make_paged_inputs(get_decode_case(name, "cuda"), 0, "cuda", torch.float16)
-            call = lambda: fn(*inputs)      # noqa: E731
-            work, unit = get_decode_case(name, "cuda").kv_bytes(torch.float16) / 1e9, "GB/s of K/V"
-            rate = f"{res.gbps_student:.0f} {unit}"
-        else:
-            res = bench_attention(fn, name, backend=backend, dtype=torch.float16, mode=mode)
-            cfg = get_config(name, "cuda")
-            from facourse import make_inputs
-            q, k, v = make_inputs(cfg, 0, "cuda", torch.float16, "bshd")
-            call = timed_call(fn, q, k, v, torch.randn_like(q), cfg.causal, mode)   # what the bench timed
-            work, unit = cfg.flops() * MODES[mode] / 1e12, "TFLOP/s"
-            rate = f"{res.tflops_student:.0f} {unit}"
+        res = kind.perf_bench(fn, name, backend)
+        call = kind.timed_call(fn, name)                    # what the bench timed
+        work, unit = kind.perf_work(name, "cuda") / kind.per_second, kind.work_unit
+        rate = f"{kind.result_rate(res):.0f} {unit}"
         call()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -101,7 +88,7 @@ def retime(folder: Path, assignment: str) -> int:
                 call()
             torch.cuda.synchronize()
         gpu_us = sum(e.device_time_total for e in prof.key_averages()) / 5
-        print(f"{name}{'' if mode == 'forward' else f' ({mode})'}: bench {res.t_student_ms:.3f} ms "
+        print(f"{name}{kind.label}: bench {res.t_student_ms:.3f} ms "
               f"({rate}), reference {backend} {res.t_ref_ms:.3f} ms, ratio {res.ratio:.2f}x; "
               f"the GPU's own kernel record: {gpu_us / 1000:.3f} ms of kernels per call "
               f"({work / (gpu_us * 1e-6):.0f} {unit})")

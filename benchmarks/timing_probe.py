@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 from facourse.bench import new_flush_buffer, sdpa_reference, time_calls  # noqa: E402
 from facourse.configs import CONFIGS, SWEEP, make_inputs  # noqa: E402
 from facourse.steps import solution_path  # noqa: E402
-from benchmarks.ladder import env_info  # noqa: E402
+from benchmarks.rungs import env_info  # noqa: E402
 
 SHAPES = [CONFIGS["large"], SWEEP["causal_4k"]]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -8,7 +8,7 @@ carried archives: tools/carry_tilelang.py and its --fib). What it does:
 
 1. The solutions: the solution rung of step 05 (Triton), 06 (CUDA, mma.sync), 07 (Hopper, sm_90a) and
    11 (TileLang), each a ``python`` Solution whose source imports the course's kernel
-   (``benchmarks.ladder.entry_point``) and adapts it to the definition's layout
+   (``benchmarks.rungs.entry_point``) and adapts it to the definition's layout
    (``facourse.interchange.definition_run``); the definition is the spec's
    (``facourse.interchange._spec_definition``). CUDA rungs are built first, in parallel.
 2. Traces: every solution on every workload of ``facourse.interchange.WORKLOADS`` (the five and
@@ -51,7 +51,7 @@ TOLERANCE, RESOLUTION_MS = 0.03, 0.001
 
 _SOURCE = '''"""The course's {name} kernel (solutions/{folder}/ladder/{file}, the step's solution rung), in
 the definition's convention: q, k, v [batch, seq, heads, dim] float16, causal -> out."""
-from benchmarks.ladder import entry_point
+from benchmarks.rungs import entry_point
 from facourse.interchange import definition_run
 
 run = definition_run(entry_point("{step}", "{rung}"))
@@ -78,11 +78,11 @@ def solution(name: str, gpu: str):
 
 def _prebuild_cuda(arch: str) -> dict:
     """nvcc for the CUDA solution rungs (06, 07) at once, in spawned processes: {name: seconds or error}."""
-    from benchmarks.ladder import _prebuild
+    from benchmarks.rungs import prebuild
     from facourse.steps import load_step
     out = {}
     with cf.ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futs = {n: pool.submit(_prebuild, SOLUTIONS[n][0], load_step(SOLUTIONS[n][0])["ladder"]["solution"],
+        futs = {n: pool.submit(prebuild, SOLUTIONS[n][0], load_step(SOLUTIONS[n][0])["ladder"]["solution"],
                                "sm_90a" if n == "hopper" else arch) for n in ("cuda", "hopper")}
         for n, f in futs.items():
             try:
@@ -103,7 +103,7 @@ def run(out: Path, quick: bool = False) -> int:
     from flashinfer_bench.apply.runtime import ApplyRuntime
     from flashinfer_bench.compile import BuilderRegistry
 
-    from benchmarks.ladder import env_info, gpu_tag
+    from benchmarks.rungs import env_info, gpu_tag
     from facourse import interchange as fx
     from facourse.bench import TIMING, new_flush_buffer, time_calls
     from facourse.check import check_attention

@@ -40,6 +40,7 @@ def test_every_result_names_gpu_and_versions():
 
 
 def test_ladder_results_follow_the_one_schema():
+    from facourse import kinds
     from facourse.bench import TIMING
     from facourse.steps import load_step
     found = _schema1()
@@ -56,7 +57,7 @@ def test_ladder_results_follow_the_one_schema():
             if r["kind"] == "check":
                 assert r["check"] in ("ok", "error"), (f.name, r)
             elif "error" not in r:
-                rate = "gbps" if d.get("mode") == "decode" else "tflops"    # step 09: GB/s of K/V read
+                rate = kinds.of_results(d).rate_key    # step 09: GB/s of K/V read
                 assert r["ratio"] > 0 and r[rate] > 0 and r[rate + "_ref"] > 0 and r["ref_backend"], (f.name, r)
         checks = [r for r in d["rows"] if r["kind"] == "check" and r["rung"] == d["solution"]]
         if d.get("mode") == "decode":
@@ -106,7 +107,7 @@ def test_ladder_runner_checks_a_rung_on_the_cpu(tmp_path):
 
 @pytest.mark.parametrize("step", ["05", "06", "07"])
 def test_runner_plans_what_the_old_drivers_measured(step):
-    from benchmarks.ladder import bench_configs, sweep_names
+    from facourse.kinds.forward import bench_configs, sweep_names
     from facourse.steps import load_step
     m = load_step(step)
     sol = next(r for r in m["rungs"] if r["name"] == m["ladder"]["solution"])
@@ -235,10 +236,14 @@ def test_flashinfer_reference_folds_the_batch_into_heads_correctly(monkeypatch, 
 
 def test_runner_adds_flashinfer_to_a_forward_solutions_fp16_references_where_installed(monkeypatch):
     import facourse.bench as fb
-    from benchmarks.ladder import backends
+    from facourse import kinds
     from facourse.steps import load_step
 
     m05, m08 = load_step("05"), load_step("08")
+
+    def backends(m, solution, dtype):
+        return kinds.of_step(m).backends(m, solution, dtype)
+
     monkeypatch.setattr(fb, "flashinfer_available", lambda: True)
     assert backends(m05, True, "float16") == ["FLASH_ATTENTION", "CUDNN_ATTENTION", "FLASHINFER"]
     assert backends(m05, True, "bfloat16") == ["FLASH_ATTENTION", "CUDNN_ATTENTION"]   # fp16 modules carried

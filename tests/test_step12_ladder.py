@@ -79,8 +79,8 @@ def test_manifest_matches_the_ladder():
     assert M["step"]["id"] == "12" and M["step"]["title"] and M["exercise"]["mode"] == "ring"
     assert M["entry_points"] == ["ring_attention"] and M["exercise"]["harness"] == []
     assert M["reference"]["backend"] == "ONE_GPU"
-    from benchmarks.ladder import RING_CONFIGS
-    assert M["reference"]["graded_configs"] == list(RING_CONFIGS)
+    from facourse.kinds.ring import CONFIGS
+    assert M["reference"]["graded_configs"] == list(CONFIGS)
     names = [r["name"] for r in M["rungs"]]
     assert names == ["v1_allgather", "v2_ring_blocking", "v3_ring_overlap", "v4_zigzag"] and SOLUTION in names
     listed = {r["file"] for r in M["rungs"]} | set(M["ladder"]["support"])
@@ -106,9 +106,10 @@ def test_ring_mode_needs_two_gpus(tmp_path, capsys):
 def test_ring_mode_cpu_smoke_writes_the_schema(tmp_path, capsys, monkeypatch):
     """The ring mode end to end on 2 CPU ranks: spawn, group, checks, timing, the probe, the transfer
     alone, the one-device reference, the results file and the table."""
-    from benchmarks.ladder import RING_ENV, main
+    from benchmarks.ladder import main
     from facourse import results
-    for k in RING_ENV:                          # the runner sets them for its ranks: restored after the test
+    from facourse.kinds.ring import ENV
+    for k in ENV:                          # the runner sets them for its ranks: restored after the test
         monkeypatch.setenv(k, "")
     assert main(["12", "--cpu-smoke", "--only", SOLUTION, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -46,7 +46,7 @@ def test_manifest_matches_the_files(sid):
 
 @pytest.mark.parametrize("sid", ["05", "06", "07"])
 def test_rungs_name_known_configurations(sid):
-    from benchmarks.ladder import EXTRA_CONFIGS, bench_configs
+    from facourse.kinds.forward import EXTRA_CONFIGS, bench_configs
     m = load_step(sid)
     for r in m["rungs"]:
         get_config(r.get("check", "large"), "cuda") if r.get("check", "large") not in EXTRA_CONFIGS else None

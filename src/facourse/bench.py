@@ -214,25 +214,43 @@ def new_flush_buffer() -> torch.Tensor:
     return torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
 
 
-#: What ``bench_attention`` times, and the FLOPs it counts, per ``mode`` (as multiples of the forward's).
-MODES = {"forward": 1.0, "backward": 2.5, "train": 3.5}
+def _forward_call(fn, q, k, v, do, causal):
+    return lambda: fn(q, k, v, causal=causal)
 
 
-def timed_call(fn, q, k, v, do, causal: bool, mode: str):
-    """A no-argument call that does ``mode``'s work: the forward; the backward alone (the forward runs
-    once here, its graph kept: each call is one ``torch.autograd.grad``); or both."""
-    if mode == "forward":
-        return lambda: fn(q, k, v, causal=causal)
+def _grad_leaves(fn, q, k, v, causal):
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
 
     def forward():
         r = fn(*leaves, causal=causal)
         return r[0] if isinstance(r, (tuple, list)) else r
 
-    if mode == "train":
-        return lambda: torch.autograd.grad(forward(), leaves, do)
-    o = forward()
+    return leaves, forward
+
+
+def _backward_call(fn, q, k, v, do, causal):
+    leaves, forward = _grad_leaves(fn, q, k, v, causal)
+    o = forward()               # once here, its graph kept: each call is one torch.autograd.grad
     return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+
+def _train_call(fn, q, k, v, do, causal):
+    leaves, forward = _grad_leaves(fn, q, k, v, causal)
+    return lambda: torch.autograd.grad(forward(), leaves, do)
+
+
+#: What ``bench_attention`` times per ``mode``: the call it builds, and the FLOPs it counts as multiples of
+#: the forward's (the backward's five matmuls against the forward's two).
+PASSES = {"forward": (_forward_call, 1.0), "backward": (_backward_call, 2.5), "train": (_train_call, 3.5)}
+MODES = {mode: flops for mode, (_, flops) in PASSES.items()}
+#: The passes that run autograd (they need a ``dO``, and a reference with a backward).
+GRAD_MODES = ("backward", "train")
+
+
+def timed_call(fn, q, k, v, do, causal: bool, mode: str):
+    """A no-argument call that does ``mode``'s work: the forward; the backward alone (the forward runs
+    once here, its graph kept: each call is one ``torch.autograd.grad``); or both."""
+    return PASSES[mode][0](fn, q, k, v, do, causal)
 
 
 def bench_attention(fn, config: str | AttnConfig = "large", *, backend: str = "FLASH_ATTENTION",
@@ -247,19 +265,19 @@ def bench_attention(fn, config: str | AttnConfig = "large", *, backend: str = "F
     require_gpu(what="benchmarking")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}, not {mode!r}")
-    if backend == FLASHINFER and (mode != "forward" or layout != "bhsd"):
+    if backend == FLASHINFER and (mode in GRAD_MODES or layout != "bhsd"):
         raise ValueError("the FLASHINFER reference times a forward on contiguous [B, H, S, D] inputs "
                          "(mode='forward', layout='bhsd'): it has no backward, and other layouts would "
                          "time a copy of its outputs")
     cfg = config if isinstance(config, AttnConfig) else get_config(config, "cuda")
     q, k, v = make_inputs(cfg, seed, "cuda", dtype, layout)
-    do = torch.randn_like(q) if mode != "forward" else None
+    do = torch.randn_like(q) if mode in GRAD_MODES else None
     ref, _ = reference(backend)
     calls = {"s": timed_call(fn, q, k, v, do, cfg.causal, mode), "r": timed_call(ref, q, k, v, do, cfg.causal, mode)}
     gpu, host = time_calls(calls, max(rounds, 20), new_flush_buffer(), warmup)
     ts, tr = statistics.median(gpu["s"]), statistics.median(gpu["r"])
     flops = cfg.flops() * MODES[mode]
-    label = cfg.describe() if mode == "forward" else f"{cfg.describe()}, {mode}"
+    label = f"{cfg.describe()}, {mode}" if mode in GRAD_MODES else cfg.describe()
     return BenchResult(label, gpu_name(), str(dtype).replace("torch.", ""), ref.last_backend, ts, tr,
                        flops / ts / 1e9, flops / tr / 1e9, tr / ts,
                        statistics.median(host["s"]), statistics.median(host["r"]))

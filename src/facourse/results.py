@@ -21,11 +21,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import kinds
+
 MEASURED = Path(__file__).resolve().parents[2] / "course" / "results" / "measured.json"
 FA2, CUDNN = "FLASH_ATTENTION", "CUDNN_ATTENTION"
-#: What a ring row (step 12) keeps besides the rate: the step and one-GPU times, the efficiency, and per
-#: rank the compute and the wait for the next shard after it, and one shard's transfer alone.
-RING_KEYS = ("world", "ms", "ms_ref", "efficiency", "compute_ms", "wait_ms", "transfer_ms")
+#: What every bench row keeps for the lectures; a kind adds its own (``Kind.extra_row_keys``: step 12's
+#: step and one-GPU times, efficiency, per rank the compute and the wait, one shard's transfer alone).
+ROW_KEYS = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio", "mode", "gbps", "gbps_ref",
+            "copy_fraction")
 
 
 def load(step: str, path: Path | str | None = None) -> dict | None:
@@ -38,8 +41,7 @@ def load(step: str, path: Path | str | None = None) -> dict | None:
 
 def compact(d: dict, source: str) -> dict:
     """What a lecture needs of a full results file: its header, check counts and bench rows."""
-    keep = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio", "mode", "gbps", "gbps_ref",
-            "copy_fraction") + (RING_KEYS if d.get("mode") == "ring" else ())
+    keep = ROW_KEYS + kinds.of_results(d).extra_row_keys
     checks: dict = {}
     for r in d["rows"]:
         if r["kind"] == "check":
@@ -74,9 +76,7 @@ def _span(xs: list[float]) -> str:
 
 def header(d: dict) -> str:
     e = d["env"]
-    what = {"backward": "; the backward timed (FLOPs: 2.5x the forward's)",
-            "decode": "; a decode's rate is the bytes of K and V it must read over its time",
-            "ring": "; speedup = t_one_GPU / t_step, efficiency = speedup / ranks"}.get(d.get("mode"), "")
+    what = kinds.of_results(d).note
     return (f"{e['gpu']}, {e['date']}, torch {e['torch']}, CUDA {e['cuda']}, cuDNN {e['cudnn']}"
             + (f", Triton {e['triton']}" if d["step"] in ("05", "08", "09", "12") else "")
             + f"; timing: {d['timing']}{what}")
