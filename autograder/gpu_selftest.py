@@ -234,16 +234,16 @@ def _step10(expect, J):
     """The exercise's solution on every test (the block-mask builder and the kernel, each where its
     hidden cell passes it); the tuned rung on the perf tests; a kernel that ignores a given block mask
     (it builds its own) loses the tile-lists test."""
-    from benchmarks.rungs import load_py as _load_py
+    from benchmarks.rungs import load_py
     from facourse.steps import load_step
 
     step10 = "10_attention_variants"
     m = load_step("10")
-    v3 = _load_py(m["ladder_dir"] / "v3_block_mask.py")
+    v3 = load_py(m["ladder_dir"] / "v3_block_mask.py")
     tests = [t for t in J.plan_of(step10) if t != "test_block_mask"]
     expect("step 10 solution", J.run_inprocess(step10, v3.flex_attention_triton, tests), _full_marks)
     expect("step 10 builder", J.run_inprocess(step10, v3.build_block_mask, ["test_block_mask"]), _full_marks)
-    tuned = _load_py(m["ladder_dir"] / f"{m['ladder']['solution']}.py").flex_attention_triton
+    tuned = load_py(m["ladder_dir"] / f"{m['ladder']['solution']}.py").flex_attention_triton
     expect("step 10 tuned", J.run_inprocess(step10, tuned, [t for t in tests if t.startswith("perf_")]), _full_marks)
 
     def own_lists(q, k, v, mask=None, score_mod=None, scale=None, block_mask=None):

@@ -10,7 +10,7 @@ carried archives: tools/carry_tilelang.py and its --fib). What it does:
    11 (TileLang), each a ``python`` Solution whose source imports the course's kernel
    (``benchmarks.rungs.entry_point``) and adapts it to the definition's layout
    (``facourse.interchange.definition_run``); the definition is the spec's
-   (``facourse.interchange._spec_definition``). CUDA rungs are built first, in parallel.
+   (``facourse.interchange.spec_definition``). CUDA rungs are built first, in parallel.
 2. Traces: every solution on every workload of ``facourse.interchange.WORKLOADS`` (the five and
    long; ``--quick``: large and long) with ``facourse.interchange.trace``: the course's check, then
    ``bench_attention`` against SDPA's FLASH_ATTENTION (FA2) on the same shape and seed. Written as a
@@ -123,8 +123,8 @@ def run(out: Path, quick: bool = False) -> int:
     path = out / f"{env['date']}_{gpu_tag(gpu)}_step11_traces.json"
     save = lambda: path.write_text(json.dumps(d, indent=1))  # noqa: E731
 
-    definition = fx._spec_definition()
-    ws = [w for w in fx.workloads("gpu") if not quick or fx._names()[w.uuid] in ("large", "long")]
+    definition = fx.spec_definition()
+    ws = [w for w in fx.workloads("gpu") if not quick or fx.workload_names()[w.uuid] in ("large", "long")]
     registry = BuilderRegistry.get_instance()
     sols, runs, traces = [], {}, []
     for name in SOLUTIONS:
@@ -135,7 +135,7 @@ def run(out: Path, quick: bool = False) -> int:
         except Exception as err:  # noqa: BLE001
             runs[name] = err
     for w in ws:
-        wname = fx._names()[w.uuid]
+        wname = fx.workload_names()[w.uuid]
         for s in sols:
             t = fx.trace(definition, s, runs[s.name], w, seed=11)
             traces.append(t)
@@ -150,7 +150,8 @@ def run(out: Path, quick: bool = False) -> int:
             save()
     traces = one_reference(traces)
     for r in d["traces"]:                     # the speedups apply() ranks by, after one_reference
-        t = next(t for t in traces if t.solution == r["solution"] and fx._names()[t.workload.uuid] == r["workload"])
+        t = next(t for t in traces
+                 if t.solution == r["solution"] and fx.workload_names()[t.workload.uuid] == r["workload"])
         if t.evaluation.performance is not None:
             r["speedup_ranked"] = t.evaluation.performance.speedup_factor
     root = fx.save_trace_set(out / "step11_traces", definition, sols, ws, traces)
@@ -160,7 +161,7 @@ def run(out: Path, quick: bool = False) -> int:
     runtime = ApplyRuntime.get_instance()
     keyer = ApplyKeyFactory.specialize(definition)
     for w in ws:
-        wname = fx._names()[w.uuid]
+        wname = fx.workload_names()[w.uuid]
         q, k, v, causal = fx.make_workload_inputs(w, seed=12, device="cuda")
         chosen = _routed(keyer.build_from_args((q, k, v, causal)), runtime, definition)
         row = {"workload": wname, "chosen": chosen}

@@ -140,7 +140,7 @@ from flashinfer_bench.apply.runtime import ApplyRuntime
 from flashinfer_bench.compile import BuilderRegistry
 from benchmarks import traces as T
 from facourse import interchange as fx
-d = fx._spec_definition()
+d = fx.spec_definition()
 s = T.solution("triton", "cpu")
 w = fx.workloads("cpu")[0]
 t = fx.trace(d, s, BuilderRegistry.get_instance().build(d, s), w)
