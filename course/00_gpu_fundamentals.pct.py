@@ -176,8 +176,9 @@ print(f"ridge point : {peak / bw:6.1f} FLOP/B on this CPU, vs {ridge(h100):.0f} 
 # %% [markdown]
 # On a GPU the same measurement, with the peak from a large fp16 matrix multiply and the bandwidth
 # from a large copy (CUDA events; the cell skips on a CPU). On an H100 80GB HBM3 (SXM) it printed
-# 3.02 TB/s copy, 764 TFLOP/s fp16 GEMM, ridge 253 FLOP/B: about 90 % and 77 % of the datasheet's
-# 3.35 TB/s and 989 TFLOP/s, which is typical of what real kernels reach.
+# 3.01-3.02 TB/s copy, 729-757 TFLOP/s fp16 GEMM, ridge 242-251 FLOP/B over three runs
+# (`benchmarks/results/2026-11-27_h100_lectures_00_02.txt`): about nine tenths of the datasheet's
+# 3.35 TB/s and three quarters of its 989 TFLOP/s, which is typical of what real kernels reach.
 
 # %%
 from facourse import gpu_or_skip

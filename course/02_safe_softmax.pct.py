@@ -226,11 +226,12 @@ for name, reads, writes in (("three-pass safe softmax", 3, 1),
 # And on a GPU, measured (this CPU's `exp` is slow enough to hide the memory traffic, so the cell
 # only runs with a GPU): one read pass (`amax`), our three-pass softmax, and PyTorch's fused softmax,
 # which keeps a row on chip, reads it from HBM once and writes it once. On an H100 80GB HBM3 it printed
-# (8192 × 32768 fp16): one read pass 0.21 ms; three-pass 6.12 ms = 29 read passes; `torch.softmax`
-# 0.47 ms = 2.3 read passes. Eager PyTorch is worse than "three passes": every line of
-# `softmax_three_pass_rows` launches kernels that write and read full-size fp32 temporaries
-# (`x.float()`, `x - m`, `exp`, the division). Counting passes is counting HBM trips, and fusion
-# (one kernel, data kept on chip) is what removes them: the theme of the whole course.
+# (8192 × 32768 fp16, three runs: `benchmarks/results/2026-11-27_h100_lectures_00_02.txt`): one read
+# pass 0.21 ms; three-pass 6.11 ms = 29-30 read passes; `torch.softmax` 0.47 ms = 2.2-2.3 read
+# passes. Eager PyTorch is worse than "three passes": every line of `softmax_three_pass_rows`
+# launches kernels that write and read full-size fp32 temporaries (`x.float()`, `x - m`, `exp`, the
+# division). Counting passes is counting HBM trips, and fusion (one kernel, data kept on chip) is
+# what removes them: the theme of the whole course.
 
 # %%
 from facourse import gpu_or_skip

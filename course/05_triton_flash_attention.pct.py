@@ -445,11 +445,12 @@ if gpu_or_skip("the benchmark"):
 #
 # ![Host and GPU timelines of one timed call: without a spin the GPU idles inside the timed window while Python enqueues the kernel; with a spin longer than the enqueue the window holds the kernel only](../diagrams/timer_window.png)
 #
-# For several runs the course's benchmark measured exactly that. Ratios moved by 10-20 % from run
-# to run, and a rung built to fix a scheduling tail (a `v7` that ran causal tiles longest first
-# across heads) looked 7-9 % faster than v6 at causal 4k. Once the GPU was kept busy for longer than the
-# enqueue (a spin kernel before the start event, `facourse.bench.time_calls`), the scatter went
-# and so did v7's gain: it measured 1.44x FA2 at causal 4k against v6's 1.51x, and left the ladder.
+# For several runs the course's benchmark measured exactly that. Ratios moved from run to run by
+# more than the differences they were meant to show, and a rung built to fix a scheduling tail (a
+# `v7` that ran causal tiles longest first across heads) looked faster than v6 at causal 4k. Once the
+# GPU was kept busy for longer than the enqueue (a spin kernel before the start event,
+# `facourse.bench.time_calls`), the scatter went and so did v7's gain: it was slower than v6 at causal
+# 4k, and left the ladder.
 # Two habits follow: time the same thing twice before you believe a difference, and know what your
 # timer's window contains. The cell below shows the committed probe (the instructors'
 # `benchmarks/timing_probe.py`, copied into `course/results/measured.json`).

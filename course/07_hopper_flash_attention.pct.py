@@ -700,8 +700,9 @@ if R7:
 # Each rung against the one before it, and the last against the two references, as ratios of
 # times (> 1: faster). The last table is about tile scheduling: v4 against v3 (whose CTAs the
 # hardware hands out as they finish, like a dynamic counter), next to section 7's model of a static
-# stride against a dynamic counter. A static-stride v4 was measured once too: 0.81x cuDNN on `large`
-# and 0.64x at causal 16k (`v4_persistent.cu`'s header), the loss the model predicts.
+# stride against a dynamic counter. A static-stride v4 was measured once too, slower than the
+# dynamic counter on `large` and far slower at causal 16k, the loss the model predicts (that run's
+# figures are not among the committed results).
 
 # %%
 if R7:

@@ -1,0 +1,468 @@
+"""Every measured figure typed into the course's prose comes from a committed result.
+
+A figure is a number (or a range `a-b`, or a list `a, b and c`) followed by TFLOP/s, GB/s, TB/s, ms,
+µs, `x`/`×` (a ratio) or `%`, in the manifests' rung verdicts (`solutions/*/step.toml`), the lectures
+(`course/*.pct.py`: prose, comments and literal strings; the figures a cell computes from
+`course/results/measured.json` are not text and are not checked here), the top-level README and the
+student README. Each one must match, at the precision it is printed with, a value of the same unit
+in the committed results of its step (`benchmarks/results/`: the JSON's numeric fields by name, the
+text records' figures), or a ratio of two timings of one configuration there. Numbers that are not
+our measurements (data-sheet peaks, papers, the design's thresholds, arithmetic the lecture derives)
+are in ALLOWED below, each with its reason.
+
+    python tests/test_figures.py [FILE ...]   # list every figure with where it was found, or why not
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+_N = r"\d+(?:\.\d+)?"
+# A number not glued to a word, a format spec (`{x:8.1%}`) or a version; then more numbers joined by a
+# range dash, a comma or "and"; then the unit.
+FIGURE = re.compile(rf"(?<![\w.:/#'\-^$]){_N}(?:\s*(?:-|–|to|,|and|or)\s*{_N})*\s*"
+                    r"(?P<unit>TFLOP/s|GB/s|TB/s|ms\b|µs\b|us\b|(?<=\d)x\b|×(?!\s*[\d$])|times\b|%)")
+NUMBER = re.compile(_N)
+UNITS = {"TFLOP/s": "TFLOP/s", "GB/s": "GB/s", "TB/s": "TB/s", "ms": "ms", "µs": "us", "us": "us",
+         "x": "x", "×": "x", "times": "x", "%": "%"}
+
+
+# ---------------------------------------------------------------- what the results hold
+
+RATE = ("TFLOP/s", "GB/s")      # the timings whose quotients are ratios the prose may state
+
+
+def _unit_of_key(key: str) -> tuple[str, float] | None:
+    """The unit a JSON field is in, and the factor to the printed unit."""
+    k = key.lower()
+    if "tflops" in k:
+        return "TFLOP/s", 1.0
+    if "gbps" in k:
+        return "GB/s", 1.0
+    if k in ("ratio", "speedup"):
+        return "x", 1.0
+    if k in ("copy_fraction", "efficiency", "rel_err"):
+        return "%", 100.0
+    if k.endswith("_us") or k == "us":
+        return "us", 1.0
+    if k == "ms" or k.endswith("_ms") or k.startswith("ms_"):
+        return "ms", 1.0
+    return None
+
+
+def _flat(v):
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        yield float(v)
+    elif isinstance(v, list):
+        for x in v:
+            yield from _flat(x)
+
+
+@dataclass
+class Record:
+    """One measurement of one results file: a bench row, a variant's configuration, a text line."""
+    file: str
+    rung: str | None
+    config: str | None
+    text: str
+    values: dict
+    backend: str | None = None     # the reference a row's ratio is against         # unit -> [values]; rates are the record's own first, then its reference's
+
+    def add(self, unit: str, v: float):
+        self.values.setdefault(unit, []).append(v)
+        if unit == "GB/s":
+            self.values.setdefault("TB/s", []).append(v / 1000)
+        if unit == "us":
+            self.values.setdefault("ms", []).append(v / 1000)
+
+
+def _json_records(name: str, d) -> list[Record]:
+    out = []
+
+    def walk(obj, key, rung, config):
+        if isinstance(obj, list):
+            for v in obj:
+                walk(v, key, rung, config)
+            return
+        if not isinstance(obj, dict):
+            return
+        rung = obj.get("rung", obj.get("solution", rung or "*") if "traces" not in key else rung)
+        config = str(obj.get("config") or obj.get("workload") or config or key).split(" ")[0]
+        rec = Record(name, rung, config, "", {}, obj.get("ref_backend") or obj.get("backend"))
+        for k, v in obj.items():
+            u = _unit_of_key(k)
+            if u and not isinstance(v, dict) and list(_flat(v)):
+                for x in _flat(v):
+                    rec.add(u[0], x * u[1])
+            elif u and isinstance(v, dict) and v and all(isinstance(x, (int, float)) for x in v.values()):
+                for c, x in v.items():           # {"large": 306.2, ...}: one value per configuration
+                    r = Record(name, rung, c, "", {})
+                    r.add(u[0], x * u[1])
+                    out.append(r)
+            elif k in ("variants", "rungs") and isinstance(v, dict):
+                for n, x in v.items():           # keyed by rung or variant name
+                    walk(x, n, n, None)
+            elif k != "rungs":                   # the rungs' verdicts are prose, not measurements
+                walk(v, k, rung, config if k in ("bench",) else None)
+        if rec.values:
+            out.append(rec)
+
+    walk(d, "", None, None)
+    return out
+
+
+def _text_records(name: str, text: str) -> list[Record]:
+    """A text record: each line's figures by unit (a verdict line names the kernel's rate, then the
+    reference's)."""
+    out = []
+    for line in text.splitlines():
+        rec = Record(name, None, None, line, {})
+        for m in FIGURE.finditer(line):
+            for n in NUMBER.findall(m[0]):
+                rec.add(UNITS[m["unit"]], float(n))
+        # "461 TFLOP/s against SDPA FLASH_ATTENTION 304": the reference's rate carries no unit
+        for m in re.finditer(rf"(TFLOP/s|GB/s) against (?:SDPA )?[\w.-]+ ({_N})", line):
+            rec.add(m[1], float(m[2]))
+        if rec.values:
+            out.append(rec)
+    return out
+
+
+@lru_cache(maxsize=None)
+def records(name: str) -> tuple[Record, ...]:
+    p = RESULTS / name
+    if p.suffix == ".json":
+        return tuple(_json_records(name, json.loads(p.read_text())))
+    return tuple(_text_records(name, p.read_text()))
+
+
+def result_files() -> list[str]:
+    return sorted(str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*") if p.suffix in (".json", ".txt"))
+
+
+def sources_for(steps: tuple[str, ...] | None) -> list[str]:
+    """The results of the given steps: their ladder runs, probes and self-tests; None: every result."""
+    files = result_files()
+    if steps is None:
+        return files
+    return [f for f in files if any(f"step{s}" in f or re.search(rf"_{s}[_.]", f) for s in steps)
+            or ("selftest" in f and not re.search(r"_\d\d(_|\.)", f[10:])) or "gpu_grading" in f
+            or ("05" in steps and "timing_probe" in f)]
+
+
+@dataclass
+class Scope:
+    """Where a figure may come from: result files, and (a manifest's verdict) the rungs it speaks of."""
+    files: list
+    rungs: tuple | None = None      # None: any record
+
+    def mine(self, r: Record) -> bool:
+        if self.rungs is None:
+            return True
+        if r.rung is None:              # a text line: one that names the rung
+            return any(n in r.text for n in self.rungs)
+        if r.rung == "*":               # a file that times one kernel, no ladder
+            return True
+        return r.rung in self.rungs
+
+    def values(self, unit: str, configs=frozenset(), backend=None):
+        for f in self.files:
+            for r in records(f):
+                if self.mine(r) and _config_ok(r, configs, backend if unit == "x" else None):
+                    yield from r.values.get(unit, ())
+
+    def ratios(self, configs=frozenset(), backend=None):
+        """Quotients of two rates of one configuration in one file, one of them in scope."""
+        for f in self.files:
+            by_config: dict = {}
+            for r in records(f):
+                if _config_ok(r, configs):
+                    by_config.setdefault((r.config or r.text), []).append(r)
+            for rs in by_config.values():
+                for u in RATE:     # against the scope's own rows, or the named reference's rate
+                    everyone = [v for r in rs if self.mine(r) for v in r.values.get(u, ())[:1]] + \
+                        [v for r in rs if backend and _config_ok(r, configs, backend) for v in r.values.get(u, ())[1:]]
+                    for r in rs:
+                        if self.mine(r):
+                            for a in r.values.get(u, ())[:1 if self.rungs else None]:
+                                for b in everyone:
+                                    if a and b and a != b:
+                                        yield a / b
+                                        yield b / a
+
+
+# ---------------------------------------------------------------- what the prose says
+
+@dataclass
+class Figure:
+    where: str        # file:line
+    text: str         # as printed, with its unit
+    unit: str
+    number: str       # one number of it
+    configs: frozenset = frozenset()   # the configurations its clause names ("on large", "at 4k-16k")
+    backend: str | None = None         # the reference a ratio is against ("1.47x FA2")
+    compares: bool = False             # a percentage that compares ("14 % less time", "2% faster")
+
+
+CITED = re.compile(r"(\d{4}-\d\d-\d\d_\w+\.(?:json|txt))|\.\.\.(_\w+\.(?:json|txt))")
+
+
+def _paragraphs(lines: list[str]):
+    """(first line number, lines) of each run of lines without a blank (or a bare `#`) between them."""
+    start, block = 1, []
+    for i, line in enumerate(lines, 1):
+        if line.strip() in ("", "#"):
+            if block:
+                yield start, block
+            start, block = i + 1, []
+        else:
+            block.append(line)
+    if block:
+        yield start, block
+
+
+CONFIG = re.compile(r"\b(small|medium|large|noncausal|asymmetric|long|(\d+)k(?:\s*-\s*(\d+)k)?)\b")
+
+
+def _clause_configs(line: str, start: int, end: int) -> frozenset:
+    """The configurations a figure speaks of: those named after it before its clause ends (`;`, `(`,
+    `)`), or, inside parentheses, those of the clause the parentheses annotate ("447 TFLOP/s on large
+    (1.47x FA2)")."""
+    found = list(CONFIG.finditer(re.split(r"[;()]", line[end:], maxsplit=1)[0]))
+    before = line[:start]
+    if not found and before.count("(") > before.count(")"):
+        head = re.split(r"[;:]", before[:before.rfind("(")])[-1]
+        lead = list(FIGURE.finditer(head))
+        found = list(CONFIG.finditer(head[lead[-1].end():] if lead else head))
+    out = set()
+    for m in found:
+        if m[2] and m[3]:               # "4k-16k": every power of two between
+            lo, hi = int(m[2]), int(m[3])
+            while lo <= hi:
+                out.add(f"{lo}k")
+                lo *= 2
+        else:
+            out.add(m[1])
+    return frozenset(out)
+
+
+# The names the prose gives the references, and the start of the results' ref_backend.
+BACKENDS = {"FA2": "FLASH_ATTENTION", "cuDNN": "CUDNN", "FlexAttention": "FLEX", "compiled FlexAttention": "FLEX",
+            "FlashInfer": "FLASHINFER", "one GPU": "ONE_GPU"}
+BACKEND = re.compile(r"\s*(?:the\s+)?(compiled FlexAttention|FlexAttention|FA2|cuDNN|FlashInfer|one GPU)\b(?!'s backward)")
+
+
+def _backend(line: str, end: int) -> str | None:
+    m = BACKEND.match(line, end)
+    return BACKENDS[m[1]] if m else None
+
+
+def figures(line: str, where: str) -> list[Figure]:
+    return [Figure(where, m[0].strip(), UNITS[m["unit"]], n, _clause_configs(line, m.start(), m.end()),
+                   _backend(line, m.end()) if m["unit"] in ("x", "×") else None,
+                   bool(re.match(r"\s*(less|more|faster|slower|over)\b", line[m.end():])))
+            for m in FIGURE.finditer(line) for n in NUMBER.findall(m[0])
+            if m["unit"] != "times" or "." in m[0]]     # "5 times" counts; "1.5 times" measures
+
+
+def _config_ok(r: "Record", configs: frozenset, backend: str | None = None) -> bool:
+    if backend and r.backend and not r.backend.startswith(backend):
+        return False
+    if not configs:
+        return True
+    name = r.config if r.config is not None else r.text
+    parts = set(re.split(r"[_\s:(),]+", name))
+    return bool(parts & configs)
+
+
+def _cited(text: str, files: list[str]) -> list[str]:
+    """The result files a paragraph names (`2026-11-23_h100_step11_tilelang.json`, `..._layouts.json`)."""
+    out = []
+    for m in CITED.finditer(text):
+        out += [f for f in result_files() if (m[1] and f.endswith(m[1])) or (m[2] and f.endswith(m[2]))]
+    return out
+
+
+def scoped_figures(rel: str, steps, text: str | None = None) -> list[tuple[Figure, Scope]]:
+    """Every figure of a checked file with where it may come from: a paragraph that names result
+    files, those; a manifest's verdict, the rows of its rung (and of the rungs it names); else the
+    results of the file's steps."""
+    text = (ROOT / rel).read_text() if text is None else text
+    lines = text.splitlines()
+    step_files = sources_for(steps)
+    out = []
+    if rel.endswith("step.toml"):
+        manifest = tomllib.loads(text)
+        names = [r["name"] for r in manifest.get("rungs", [])]
+        solution = manifest.get("ladder", {}).get("solution")
+        rung = None
+        for i, line in enumerate(lines, 1):
+            m = re.match(r'\s*name\s*=\s*"(\w+)"', line)
+            rung = m[1] if m else rung
+            scope = Scope(_cited(line, step_files) or step_files)
+            if re.match(r"\s*verdict\s*=", line):
+                named = {n for n in names for v in re.findall(r"\bv\d+\b", line.split("=", 1)[1])
+                         if n.startswith(v + "_")}
+                scope.rungs = (rung, *sorted(named - {rung}), *(("solution",) if rung == solution else ()))
+            out += [(f, scope) for f in figures(line, f"{rel}:{i}")]
+        return out
+    for start, block in _paragraphs(lines):
+        scope = Scope(_cited("\n".join(block), step_files) or step_files)
+        for k, line in enumerate(block):
+            out += [(f, scope) for f in figures(line, f"{rel}:{start + k}")]
+    return out
+
+
+def _tolerance(number: str) -> float:
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    return 0.5 * 10 ** -decimals + 1e-9
+
+
+def found(fig: Figure, scope: Scope) -> str | None:
+    """How the figure is backed by its scope's results, or None."""
+    v, tol = float(fig.number), _tolerance(fig.number)
+    if any(abs(x - v) <= tol for x in scope.values(fig.unit, fig.configs, fig.backend)):
+        return "a value"
+    if fig.unit == "x" and any(abs(x - v) <= tol for x in scope.ratios(fig.configs, fig.backend)):
+        return "a ratio of two rates"
+    if fig.unit == "%" and fig.compares and any(abs(100 * abs(x - 1) - v) <= tol for x in scope.values("x", fig.configs, fig.backend)):
+        return "the difference a ratio states"
+    if fig.unit == "%" and scope.rungs and any(abs(100 * abs(x - 1) - v) <= tol for x in scope.ratios(fig.configs, fig.backend)):
+        return "the difference of two rates"
+    return None
+
+
+# ---------------------------------------------------------------- the files checked
+
+def checked_files() -> list[tuple[str, tuple[str, ...] | None]]:
+    """(file, the steps whose results it may quote; None: any)."""
+    out = []
+    for p in sorted((ROOT / "solutions").glob("*/step.toml")):
+        out.append((str(p.relative_to(ROOT)), (p.parent.name[:2],)))
+    for p in sorted((ROOT / "course").glob("*.pct.py")):
+        out.append((str(p.relative_to(ROOT)), LECTURE_STEPS.get(p.name[:2], (p.name[:2],))))
+    out += [("README.md", None), ("docs/STUDENT_README.md", None)]
+    return out
+
+
+# A lecture that compares with another step's kernels may quote that step's results too.
+LECTURE_STEPS = {"07": ("07", "05", "06"), "10": ("10", "07"), "11": ("11", "07")}
+
+# Data-sheet figures, wherever they appear: (unit, number) -> the source.
+DATASHEET: dict[tuple[str, str], str] = {
+    ("TB/s", "3.35"): "H100 SXM5 HBM3 bandwidth, NVIDIA's H100 datasheet",
+    ("TB/s", "4.8"): "H200 HBM3e bandwidth, NVIDIA's H200 datasheet",
+    ("TFLOP/s", "989"): "H100 SXM5 dense FP16/BF16 tensor-core peak, NVIDIA's H100 datasheet",
+    ("GB/s", "900"): "NVLink 4 total bandwidth, NVIDIA's H100/H200 datasheets",
+    ("GB/s", "450"): "NVLink 4 per direction: half the datasheets' 900",
+    ("GB/s", "64"): "PCIe Gen5 x16 per direction: 32 GT/s on 16 lanes",
+    ("GB/s", "128"): "PCIe Gen5 x16, both directions (the datasheets' figure)",
+}
+
+_C = "course/"
+# Figures that are not our measurements: (file, figure as printed) -> why it may stand.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("solutions/08_backward/step.toml", "2.5x"): "the backward's FLOP count against the forward's (DESIGN.md)",
+    ("solutions/10_attention_variants/step.toml", "8%"): "the FP8 error bound (facourse.variants.check_fp8)",
+    (_C + "00_gpu_fundamentals.pct.py", "19 TB/s"): "the whitepaper's 128 B/clock/SM times A100's SMs and clock",
+    (_C + "00_gpu_fundamentals.pct.py", "31 TB/s"): "the whitepaper's 128 B/clock/SM times H100's SMs and clock",
+    (_C + "00_gpu_fundamentals.pct.py", "2–5 TB/s"): "HBM bandwidths of the A100-H200 datasheets",
+    (_C + "00_gpu_fundamentals.pct.py", "7 TB/s"): "A100 whitepaper's 5120 B/clock of L2 times its clock",
+    (_C + "01_vanilla_attention.pct.py", "1 %"): "the correctness rule's relative threshold (DESIGN.md)",
+    (_C + "06_cuda_flash_attention.pct.py", "17 %"): "read off the v5 variants table the cell above prints "
+                                                     "from the committed results (06_v5_variants)",
+    (_C + "06_cuda_flash_attention.pct.py", "2 %"): "the same table",
+    (_C + "06_cuda_flash_attention.pct.py", "0-14 %"): "the same table",
+    (_C + "06_cuda_flash_attention.pct.py", "6 %"): "the same table",
+    (_C + "07_hopper_flash_attention.pct.py", "35%"): "FA3 paper, abstract and §1 (the table cites it)",
+    (_C + "07_hopper_flash_attention.pct.py", "740 TFLOP/s"): "FA3 paper, abstract and §4.1",
+    (_C + "07_hopper_flash_attention.pct.py", "75%"): "FA3 paper, abstract and §4.1",
+    (_C + "07_hopper_flash_attention.pct.py", "661 TFLOP/s"): "FA3 paper's ablation, §4.2, Table 2",
+    (_C + "07_hopper_flash_attention.pct.py", "16x"): "tile costs counted from the causal mask's shape",
+    (_C + "07_hopper_flash_attention.pct.py", "128x"): "tile costs counted from the causal mask's shape",
+    (_C + "07_hopper_flash_attention.pct.py", "0.1%"): "FA3's outlier inputs (§4.3), an input, not a result",
+    (_C + "07_hopper_flash_attention.pct.py", "10x"): "FA3's outlier inputs (§4.3)",
+    (_C + "07_hopper_flash_attention.pct.py", "2.6x"): "FA3 paper §4.3: 2.4e-2 / 9.1e-3",
+    (_C + "08_backward.pct.py", "2.5×"): "FLOPs counted: five matmuls against the forward's two",
+    (_C + "08_backward.pct.py", "3.5×"): "FLOPs counted, with a separate dQ pass",
+    (_C + "09_decode_paged_kv.pct.py", "80%"): "the split heuristic's threshold, in the code beside it",
+    (_C + "09_decode_paged_kv.pct.py", "85%"): "the split heuristic's margin, in the code beside it",
+    (_C + "09_decode_paged_kv.pct.py", "91%"): "wave efficiency computed by the cell above",
+    (_C + "09_decode_paged_kv.pct.py", "97%"): "wave efficiency computed by the cell above",
+    (_C + "09_decode_paged_kv.pct.py", "20-40%"): "the vLLM paper (Kwon et al., 2023), §1",
+    (_C + "09_decode_paged_kv.pct.py", "2-4×"): "the vLLM paper's throughput gain, cited",
+    (_C + "10_attention_variants.pct.py", "6.25%"): "2^-(m+1) for e4m3's 3 mantissa bits",
+    (_C + "10_attention_variants.pct.py", "12.5%"): "2^-(m+1) for e5m2's 2 mantissa bits",
+    (_C + "10_attention_variants.pct.py", "0.05%"): "2^-(m+1) for fp16's 10 mantissa bits",
+    (_C + "10_attention_variants.pct.py", "6%"): "e4m3's rounding, as above",
+    (_C + "10_attention_variants.pct.py", "0.1%"): "FA3's outlier inputs (§4.3)",
+    (_C + "10_attention_variants.pct.py", "2.6 times"): "FA3 paper §4.3: 2.4e-2 / 9.1e-3",
+    (_C + "11_interchangeable_kernels.pct.py", "1 %"): "the gap between two speedups of one workload in "
+                                                      "step 11's traces (a bound, not a measurement)",
+    (_C + "12_ring_attention.pct.py", "2.5 times"): "the backward's FLOP count (lecture 08)",
+    (_C + "12_ring_attention.pct.py", "57%"): "the causal ring's efficiency at P = 4, counted in the lecture",
+    (_C + "12_ring_attention.pct.py", "100%"): "zigzag's balance, counted in the lecture",
+    (_C + "12_ring_attention.pct.py", "67%"): "an efficiency bound counted in the lecture",
+}
+
+
+def check(rel: str, steps, text: str | None = None) -> tuple[list, list]:
+    ok, bad = [], []
+    for fig, scope in scoped_figures(rel, steps, text):
+        if (rel, fig.text) in ALLOWED or (fig.unit, fig.number) in DATASHEET:
+            continue
+        how = found(fig, scope)
+        (ok if how else bad).append((fig, how, scope))
+    return ok, bad
+
+
+def test_every_figure_comes_from_a_committed_result():
+    problems = []
+    for rel, steps in checked_files():
+        _, bad = check(rel, steps)
+        problems += [f"{f.where}: {f.number} in {f.text!r}" for f, _, _ in bad]
+    assert not problems, ("figures in no committed result (benchmarks/results/) of their step; take them "
+                          "from a result, rephrase without a number, or add them to ALLOWED with a reason:\n  "
+                          + "\n  ".join(problems))
+
+
+@pytest.mark.parametrize("rel, right, wrong", [
+    ("solutions/05_triton_flash_attention/step.toml", "447 TFLOP/s on large", "457 TFLOP/s on large"),
+    ("solutions/05_triton_flash_attention/step.toml", "(1.47x FA2, 0.84x cuDNN)", "(1.57x FA2, 0.84x cuDNN)"),
+    ("solutions/05_triton_flash_attention/step.toml", "2.0x v2 on large", "2.3x v2 on large"),
+    ("solutions/09_decode_paged_kv/step.toml", "360 GB/s on 1 x 128k (6.6x v1)", "360 GB/s on 1 x 128k (6.7x v1)"),
+    ("solutions/12_ring_attention/step.toml", "1.87x one GPU at 64k", "1.95x one GPU at 64k"),
+    ("course/06_cuda_flash_attention.pct.py", "328 TFLOP/s on `large`", "338 TFLOP/s on `large`"),
+    ("course/11_interchangeable_kernels.pct.py", "1.48x FA2's 307", "1.58x FA2's 307"),
+    ("course/02_safe_softmax.pct.py", "three-pass 6.11 ms", "three-pass 6.41 ms"),
+])
+def test_a_wrong_figure_is_caught(rel, right, wrong):
+    """The check is tight enough to catch a figure a little off (another run's, a rounding slip)."""
+    steps = dict(checked_files())[rel]
+    text = (ROOT / rel).read_text()
+    assert right in text, f"{rel} no longer says {right!r}: pick another figure for this test"
+    assert not check(rel, steps)[1]
+    bad = check(rel, steps, text.replace(right, wrong, 1))[1]
+    assert [f.number for f, _, _ in bad] and all(f.number in wrong for f, _, _ in bad), bad
+
+
+if __name__ == "__main__":
+    wanted = set(sys.argv[1:])
+    for rel, steps in checked_files():
+        if wanted and rel not in wanted:
+            continue
+        ok, bad = check(rel, steps)
+        for f, how, scope in ok:
+            print(f"ok   {f.where}: {f.number} in {f.text!r} <- {how} of {scope.rungs or 'any rung'}")
+        for f, _, _ in bad:
+            print(f"MISS {f.where}: {f.number} in {f.text!r}")
