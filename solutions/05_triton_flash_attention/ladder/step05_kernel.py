@@ -3,12 +3,8 @@
 Every device helper is written once here: the online-softmax update, the mask, the K/V tile load,
 the tile loop and the epilogue, each with ``tl.constexpr`` switches. A rung picks its switches,
 its tiles and its launch (grid, fixed tiles, autotune configs or a measured table); Triton inlines
-the helpers and compiles the branches it does not take away, so each rung gets the kernel it had
-when it carried its own copy. Compiled for sm_90 (fp16, bf16, causal and not, every tile config the
-rungs launch), v3-v6's PTX is the same as their own copies' up to register numbering; v2's holds the
-same instructions, its first V tile's addresses computed before the K tile's loads instead of after.
-Re-timed on an H100 (benchmarks/results/2026-11-23_h100_step05.json): every rung within noise, or
-within its autotuner's pick, of its earlier figures.
+the helpers and compiles away the branches a rung does not take, so each rung's kernel holds only
+what its switches select.
 
 The switches (keyword arguments of ``attn_fwd``, alongside GROUP, D, CAUSAL, BLOCK_M, BLOCK_N):
 - ``EXP2``: False: S is scaled by ``scale`` and exponentiated with exp (v2, v3); True: log2(e) is
@@ -20,8 +16,9 @@ The switches (keyword arguments of ``attn_fwd``, alongside GROUP, D, CAUSAL, BLO
   (v2-v4); DEVICE_DESC: 2-D tensor descriptors built in the kernel per (batch, head) (v5, TMA);
   HOST_DESC: 4-D descriptors [B, H, S, D] built on the host and passed as Q, K, V, O (v6).
 
-The host helpers (``prepare``, ``kernel_args``, ``tma_ready``, ``run_standalone``) are the parts of
-the wrappers every rung shares. Rung v1 (one tile only) keeps its own kernel.
+The host helpers (``prepare``, ``kernel_args``, ``launch_fixed``, ``launch_tuned``, ``tma_ready``,
+``run_standalone``) are the parts of the wrappers every rung shares. Rung v1 (one tile only) keeps its
+own kernel. ``causal_split_bounds`` is also step 08's (its dQ loop splits the key tiles the same way).
 """
 import math
 import os
@@ -108,6 +105,22 @@ def load_kv(k_ref, v_ref, b, h_kv, start_n, offs_n, stride_kn, stride_vn, Skv,
 
 
 @triton.jit
+def causal_split_bounds(start_m, off, Skv, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(end_free, hi) of the query tile at start_m: key tiles [0, end_free) need no mask, [end_free, hi)
+    are the on-band and ragged ones, past hi nothing is visible. off = Skv - Sq (bottom-right)."""
+    full_n = (Skv // BLOCK_N) * BLOCK_N                       # tiles with no ragged columns
+    if CAUSAL:
+        # keys every row of the tile sees: j <= start_m + off; the tile's last row sees up to hi
+        end_free = tl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N
+        end_free = tl.minimum(end_free, full_n)
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), Skv)
+    else:
+        end_free = full_n
+        hi = Skv
+    return end_free, hi
+
+
+@triton.jit
 def attn_tiles(acc, m_i, l_i, q, k_ref, v_ref, b, h_kv, stride_kn, stride_vn, offs_m, lo, hi, Skv,
                qk_scale, off, BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, EXP2: tl.constexpr, DESC: tl.constexpr):
@@ -174,15 +187,7 @@ def attn_fwd(Q, K, V, O, LSE,
 
     off = Skv - Sq                                            # bottom-right alignment
     if CAUSAL_SPLIT:
-        full_n = (Skv // BLOCK_N) * BLOCK_N                   # tiles with no ragged columns
-        if CAUSAL:
-            # keys every row of the tile sees: j <= start_m + off; the tile's last row sees up to hi
-            end_free = tl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N
-            end_free = tl.minimum(end_free, full_n)
-            hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), Skv)
-        else:
-            end_free = full_n
-            hi = Skv
+        end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
         # stage 1: off-band tiles, no mask
         acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_ref, v_ref, b, h_kv, sks, svs, offs_m,
                                    0, end_free, Skv, qk_scale, off, BLOCK_N, D, False, CAUSAL,
@@ -256,6 +261,46 @@ def kernel_args(q, k, v, o, lse, scale, causal, switches, refs=None):
     args = (Q, K, V, O, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             Hq, Sq, Skv, qk_scale)
     return args, dict(GROUP=Hq // Hkv, D=D, CAUSAL=bool(causal), **switches)
+
+
+def launch_fixed(q, k, v, causal, scale, switches, config, launch):
+    """The wrapper of a rung with fixed tiles: ``attn_fwd`` with ``config`` (BLOCK_M, BLOCK_N) and, on a
+    GPU, ``launch`` (num_warps, num_stages). Returns (o, lse)."""
+    q, k, v, o, lse, scale = prepare(q, k, v, scale)
+    B, Hq, Sq, _ = q.shape
+    if Sq == 0:
+        return o, lse
+    args, meta = kernel_args(q, k, v, o, lse, scale, causal, switches)
+    grid = (triton.cdiv(Sq, config["BLOCK_M"]), B * Hq)
+    attn_fwd[grid](*args, **meta, **config, **({} if interpreting() else launch))
+    return o, lse
+
+
+INTERPRET_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128}   # the interpreter cannot autotune
+
+
+def tma_scratch(size, alignment, stream):
+    """Triton's allocator for device-side descriptors: they live in a small global scratch buffer."""
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def launch_tuned(q, k, v, causal, scale, switches, tuned, tma=False):
+    """The wrapper of an autotuned rung: ``tuned`` (``triton.autotune`` of ``attn_fwd``) on a GPU,
+    INTERPRET_CONFIG in the interpreter. ``tma``: inputs TMA can read, and the descriptors' scratch
+    allocator set. Returns (o, lse)."""
+    q, k, v, o, lse, scale = prepare(q, k, v, scale, tma=tma)
+    B, Hq, Sq, _ = q.shape
+    if Sq == 0:
+        return o, lse
+    args, meta = kernel_args(q, k, v, o, lse, scale, causal, switches)
+    if interpreting():
+        grid = (triton.cdiv(Sq, INTERPRET_CONFIG["BLOCK_M"]), B * Hq)
+        attn_fwd[grid](*args, **meta, **INTERPRET_CONFIG)
+    else:
+        if tma:
+            triton.set_allocator(tma_scratch)
+        tuned[lambda c: (triton.cdiv(Sq, c["BLOCK_M"]), B * Hq)](*args, **meta)
+    return o, lse
 
 
 def reference(q, k, v, causal=False, scale=None):

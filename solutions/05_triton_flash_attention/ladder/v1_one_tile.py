@@ -4,11 +4,10 @@ Only for Skv <= 256 (the tile must fit); the plain softmax, no online update yet
 v1 verdict: correct, but one tile only (Skv <= 256): 50 TFLOP/s on 8x32/8 heads, 128^2, causal, fp16 (0.95x SDPA FA2 there), H100.
 Measured: benchmarks/results/2026-11-23_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
 
-FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton with raw pointers and masks. One
-program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j
-tile it can see. Causal attention runs in two stages: the off-band tiles, fully visible, with no
-mask at all; then the few on-band tiles that cross the diagonal (and the ragged last tile), with
-the mask. Tiles above the diagonal are never visited. Query tiles are launched longest first.
+FlashAttention-2's tiling (Dao, 2023) reduced to its first step, in Triton with raw pointers and
+masks. One program computes one query tile Q_i (BLOCK_M rows) of one query head against a single
+key tile that holds every key: S = scale * Q_i K^T, the causal mask (bottom-right), the plain
+softmax of each row, O_i = P V / l. No loop over key tiles yet, hence no online softmax (v2).
 
 Run on its own:  python v1_one_tile.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """

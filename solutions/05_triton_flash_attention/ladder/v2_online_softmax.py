@@ -21,7 +21,6 @@ import sys
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 import step05_kernel as fa  # noqa: E402  (sets up the interpreter without a GPU, before triton)
 
-import triton  # noqa: E402
 
 # ----------------------------------------------------------------------------- switches and launch
 SWITCHES = dict(EXP2=False, CAUSAL_SPLIT=False, DESC=fa.POINTERS.value)
@@ -33,15 +32,7 @@ reference = fa.reference
 
 def flash_attention_triton(q, k, v, causal=False, scale=None):
     """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
-    q, k, v, o, lse, scale = fa.prepare(q, k, v, scale)
-    B, Hq, Sq, _ = q.shape
-    if Sq == 0:
-        return o, lse
-    args, meta = fa.kernel_args(q, k, v, o, lse, scale, causal, SWITCHES)
-    grid = (triton.cdiv(Sq, CONFIG["BLOCK_M"]), B * Hq)
-    launch = {} if fa.interpreting() else LAUNCH
-    attn_fwd[grid](*args, **meta, **CONFIG, **launch)
-    return o, lse
+    return fa.launch_fixed(q, k, v, causal, scale, SWITCHES, CONFIG, LAUNCH)
 
 
 if __name__ == "__main__":

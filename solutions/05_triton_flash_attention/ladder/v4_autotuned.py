@@ -3,11 +3,9 @@
 v4 verdict: 415 TFLOP/s on large (1.35x FA2), 487 on long (1.33x FA2), H100 (the autotuner picks its tiles per run: this run 64x64, 4 warps, 3 stages on large and 128x128, 8 warps, 2 stages on long; an earlier run picked 128x64, 8 warps, 3 stages and measured 390 on large, 503 on long).
 Measured: benchmarks/results/2026-11-23_h100_step05.json (python -m benchmarks.ladder 05; GPU time, L2 flushed, median of 25).
 
-FlashAttention-2 forward (Dao, 2023, Algorithm 1) in Triton with raw pointers and masks. One
-program computes one query tile Q_i (BLOCK_M rows) of one query head against every K_j, V_j
-tile it can see. Causal attention runs in two stages: the off-band tiles, fully visible, with no
-mask at all; then the few on-band tiles that cross the diagonal (and the ragged last tile), with
-the mask. Tiles above the diagonal are never visited. Query tiles are launched longest first.
+v3's kernel and causal split (off-band tiles unmasked, on-band ones masked, longest query tiles
+first), with the online softmax in base 2: log2(e) folded into the scale on the host, exp2 in the
+loop (one MUFU.EX2 per element); GQA reads KV head h // group; tiles, warps and stages autotuned.
 
 The kernel is step05_kernel.attn_fwd (shared by v2-v6); this rung's switches: EXP2=True,
 CAUSAL_SPLIT=True, DESC=POINTERS; its tiles, warps and stages from triton.autotune.
@@ -35,23 +33,11 @@ def _configs():
 
 
 attn_fwd_tuned = triton.autotune(_configs(), key=["Sq", "Skv", "D", "CAUSAL"])(fa.attn_fwd)
-INTERPRET_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128}   # the interpreter cannot autotune
 
 
 def flash_attention_triton(q, k, v, causal=False, scale=None):
     """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
-    q, k, v, o, lse, scale = fa.prepare(q, k, v, scale)
-    B, Hq, Sq, _ = q.shape
-    if Sq == 0:
-        return o, lse
-    args, meta = fa.kernel_args(q, k, v, o, lse, scale, causal, SWITCHES)
-    if fa.interpreting():
-        grid = (triton.cdiv(Sq, INTERPRET_CONFIG["BLOCK_M"]), B * Hq)
-        attn_fwd[grid](*args, **meta, **INTERPRET_CONFIG)
-    else:
-        grid = lambda c: (triton.cdiv(Sq, c["BLOCK_M"]), B * Hq)
-        attn_fwd_tuned[grid](*args, **meta)
-    return o, lse
+    return fa.launch_tuned(q, k, v, causal, scale, SWITCHES, attn_fwd_tuned)
 
 
 if __name__ == "__main__":

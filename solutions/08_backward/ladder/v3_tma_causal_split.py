@@ -46,6 +46,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+# key tiles [0, end_free) of a query tile need no mask, [end_free, hi) are the diagonal's (step 05's)
+causal_split_bounds = common.step05_kernel().causal_split_bounds
+
 LOG2E = 1.4426950408889634
 PAD = 128                                   # lse / Delta rows are padded to a multiple of this
 
@@ -186,14 +189,7 @@ def dq_program(pid_m, h, b, q_desc, k_desc, v_desc, do_desc, dq_desc, M2, Delta,
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
 
     off = Skv - Sq
-    full_n = (Skv // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        end_free = tl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N
-        end_free = tl.minimum(end_free, full_n)
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), Skv)
-    else:
-        end_free = full_n
-        hi = Skv
+    end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)   # as the forward's
     dq = dq_tiles(dq, q, do, m2, delta, k_desc, v_desc, b, h_kv, offs_m, 0, end_free, Skv, off, qk_scale,
                   BLOCK_N, D, False, CAUSAL)
     dq = dq_tiles(dq, q, do, m2, delta, k_desc, v_desc, b, h_kv, offs_m, end_free, hi, Skv, off, qk_scale,
