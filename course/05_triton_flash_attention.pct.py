@@ -189,7 +189,8 @@ check_entry_point(stage1, ONE_TILE, expect_lse=True)
 #
 # The key range no longer fits: loop over tiles of `BLOCK_N` keys and keep $m_i$, $l_i$ and the
 # unnormalised $O_i$ in registers (step 03's merge, one tile at a time). The update is one small
-# device function; the mask is applied to every tile for now.
+# device function, and so is the loop over a range of key tiles, `key_tiles`: stage 3 calls it
+# twice. Here it runs over every tile with the mask on (`MASKED`); stage 3 says when the mask can go.
 
 # %%
 @triton.jit
@@ -203,29 +204,44 @@ def online_softmax_update(m_i, l_i, s):
 
 
 @triton.jit
+def key_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, sks, svs, offs_m, lo, hi, Skv, scale, off,
+              BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """The key tiles [lo, hi) folded into (acc, m_i, l_i); MASKED: bounds and causal mask on."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for start_n in tl.range(lo, hi, BLOCK_N):                   # K_j, V_j
+        cols = start_n + offs_n
+        if MASKED:
+            kT = tl.load(k_ptr + cols[None, :] * sks + offs_d[:, None], mask=cols[None, :] < Skv, other=0.0)
+            v = tl.load(v_ptr + cols[:, None] * svs + offs_d[None, :], mask=cols[:, None] < Skv, other=0.0)
+        else:                                                   # off-band (stage 3): no mask, no bounds check
+            kT = tl.load(k_ptr + cols[None, :] * sks + offs_d[:, None])
+            v = tl.load(v_ptr + cols[:, None] * svs + offs_d[None, :])
+        s = tl.dot(q, kT) * scale                               # S_ij = scale Q_i K_j^T
+        if MASKED:
+            keep = cols[None, :] < Skv
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None] + off)
+            s = tl.where(keep, s, float("-inf"))
+        m_i, l_i, alpha, p = online_softmax_update(m_i, l_i, s)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])    # O_i = alpha O_i + P_ij V_j
+    return acc, m_i, l_i
+
+
+@triton.jit
 def attn_loop(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
               Hq, Sq, Skv, scale, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // Hq, bh % Hq
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=offs_m[:, None] < Sq, other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for start_n in range(0, Skv, BLOCK_N):                      # every K_j, V_j
-        cols = start_n + offs_n
-        kT = tl.load(K + b * skb + h * skh + cols[None, :] * sks + offs_d[:, None], mask=cols[None, :] < Skv, other=0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svs + offs_d[None, :], mask=cols[:, None] < Skv, other=0.0)
-        s = tl.dot(q, kT) * scale                               # S_ij = scale Q_i K_j^T
-        keep = cols[None, :] < Skv
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= offs_m[:, None] + (Skv - Sq))
-        s = tl.where(keep, s, float("-inf"))
-        m_i, l_i, alpha, p = online_softmax_update(m_i, l_i, s)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])    # O_i = alpha O_i + P_ij V_j
+    acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs, offs_m,
+                              0, Skv, Skv, scale, Skv - Sq, BLOCK_N, D, True, CAUSAL)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     tl.store(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < Sq)
     tl.store(LSE + bh * Sq + offs_m, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe)), mask=offs_m < Sq)
@@ -252,33 +268,10 @@ check_entry_point(stage2, MHA_NC, expect_lse=True)
 #   of a square causal problem, and the masked `tl.where` runs on one or two tiles per program only.
 #
 # A query tile near the bottom does `Tr` times the work of the top one: launching the **longest
-# first** (`pid_m = Tr - 1 - program_id(0)`) lets the short ones fill the tail of the grid.
+# first** (`pid_m = Tr - 1 - program_id(0)`) lets the short ones fill the tail of the grid. The loop
+# is stage 2's `key_tiles`, called once per range.
 
 # %%
-@triton.jit
-def key_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, sks, svs, offs_m, lo, hi, Skv, scale, off,
-              BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        if MASKED:
-            kT = tl.load(k_ptr + cols[None, :] * sks + offs_d[:, None], mask=cols[None, :] < Skv, other=0.0)
-            v = tl.load(v_ptr + cols[:, None] * svs + offs_d[None, :], mask=cols[:, None] < Skv, other=0.0)
-        else:                                                   # off-band: no mask, no bounds check
-            kT = tl.load(k_ptr + cols[None, :] * sks + offs_d[:, None])
-            v = tl.load(v_ptr + cols[:, None] * svs + offs_d[None, :])
-        s = tl.dot(q, kT) * scale
-        if MASKED:
-            keep = cols[None, :] < Skv
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None] + off)
-            s = tl.where(keep, s, float("-inf"))
-        m_i, l_i, alpha, p = online_softmax_update(m_i, l_i, s)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, m_i, l_i
-
-
 @triton.jit
 def attn_causal(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
                 Hq, Sq, Skv, scale, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
@@ -298,13 +291,13 @@ def attn_causal(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     off = Skv - Sq
-    full_n = Skv // BLOCK_N * BLOCK_N
+    end_free = Skv // BLOCK_N * BLOCK_N      # the whole tiles: past them, a ragged Skv needs the mask
+    hi = Skv
     if CAUSAL:
-        end_free = tl.minimum(tl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N, full_n)
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), Skv)
-    else:
-        end_free = full_n
-        hi = Skv
+        seen_by_all = tl.maximum(start_m + off + 1, 0)           # keys the tile's first row sees
+        seen_by_last = tl.maximum(start_m + BLOCK_M + off, 0)    # keys its last row sees
+        end_free = tl.minimum(seen_by_all // BLOCK_N * BLOCK_N, end_free)
+        hi = tl.minimum(seen_by_last, Skv)
     acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, sks, svs, offs_m, 0, end_free, Skv, scale, off, BLOCK_N, D, False, CAUSAL)
     acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, sks, svs, offs_m, end_free, hi, Skv, scale, off, BLOCK_N, D, True, CAUSAL)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
