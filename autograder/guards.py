@@ -138,11 +138,15 @@ class _Watch:
             self.flag(f"{api} over all {self.skv} keys", _SOFTMAX_CAUSE.format(skv=self.skv))
 
 
-class _FunctionGuard(TorchFunctionMode):
+class _Watching:
+    """A torch mode that reports to one _Watch (the base of both guards below)."""
+
     def __init__(self, watch: _Watch):
         super().__init__()
         self.watch = watch
 
+
+class _FunctionGuard(_Watching, TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _SDPA_FUNCS:
@@ -152,11 +156,7 @@ class _FunctionGuard(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class _DispatchGuard(TorchDispatchMode):
-    def __init__(self, watch: _Watch):
-        super().__init__()
-        self.watch = watch
-
+class _DispatchGuard(_Watching, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.name()
