@@ -881,11 +881,11 @@ for wname, w in TOY_WORKLOADS.items():
               f"(spread {max(refs) / min(refs) - 1:.1%})")
 
 # %% [markdown]
-# When two solutions are closer than that spread, the table's choice between them is a coin toss. The
-# course's H100 runner met exactly this on `asymmetric`, where the Hopper and TileLang kernels are within
-# 1 %: apply() picked the slower of the two. Before `apply()` reads a workload's traces, the runner now
-# gives them one reference time, the median of theirs (`benchmarks/traces.py` and `benchmarks/README.md`,
-# step 11, in the course repository).
+# When two solutions are closer than that spread, the table's choice between them is a coin toss: on
+# `asymmetric` the Hopper and TileLang kernels are within 1 % of each other on an H100, and with a
+# reference time of its own per trace `apply()` can pick the slower of the two. So before `apply()`
+# reads a workload's traces, the course's runner gives them one reference time, the median of theirs
+# (`benchmarks/traces.py` and `benchmarks/README.md`, step 11, in the course repository).
 #
 # ## 7. Which backend wins where (H100)
 #
