@@ -84,6 +84,8 @@ class Record:
             self.values.setdefault("TB/s", []).append(v / 1000)
         if unit == "us":
             self.values.setdefault("ms", []).append(v / 1000)
+        if unit == "ms":
+            self.values.setdefault("us", []).append(v * 1000)
 
 
 def _json_records(name: str, d) -> list[Record]:
@@ -267,7 +269,11 @@ def _backend(line: str, end: int) -> str | None:
     return BACKENDS[m[1]] if m else None
 
 
+DATE = re.compile(r"\d{4}-\d\d-\d\d")
+
+
 def figures(line: str, where: str) -> list[Figure]:
+    line = DATE.sub(lambda m: "D" * len(m[0]), line)     # "2026-11-24, 1.47x" is no range
     return [Figure(where, m[0].strip(), UNITS[m["unit"]], n, _clause_configs(line, m.start(), m.end()),
                    _backend(line, m.end()) if m["unit"] in ("x", "×") else None,
                    bool(re.match(r"\s*(less|more|faster|slower|over)\b", line[m.end():])))
