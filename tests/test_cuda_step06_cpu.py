@@ -31,6 +31,9 @@ STUB = (STEP / "student_kernel.cu").read_text()
 
 from facourse import cuda_host_check as hc  # noqa: E402
 from facourse.cuda_build import nvcc_compile_check, nvcc_errors  # noqa: E402
+from facourse.emu_build import EMU, defined_names, split_header  # noqa: E402
+
+GIVEN = ("fa_harness.cuh", "fa_primitives.cuh", "fa_params.h", "fa_binding.cpp")
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed: the CPU check builds with it")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -120,14 +123,23 @@ def test_stub_functions_are_reported_not_implemented_until_written():
 
 
 # ----------------------------------------------------------------------------- the CPU check in-process
-def test_shim_stands_in_for_every_primitive():
-    """Every function, macro and name fa_primitives.cuh gives the student exists in the host shim."""
-    prim = (STEP / "fa_primitives.cuh").read_text()
-    names = set(re.findall(r"FA_DEVICE \w+ (\w+)\(", prim)) | set(re.findall(r"^#define (\w+)", prim, re.M))
-    names |= set(re.findall(r"^(?:template <[^>]*>\s*)?struct (\w+)", prim, re.M)) | {"kSwizzleTiles", "pack2"}
-    from facourse.cuda_host_shim import SHIM
-    missing = sorted(n for n in names if not re.search(rf"\b{n}\b", SHIM))
-    assert not missing, f"the host shim lacks {missing}"
+def student_folder(tmp_path: Path, code: str) -> Path:
+    """``code`` as student_kernel.cu in a folder with the exercise's given files, as a student has it."""
+    for f in GIVEN:
+        shutil.copy(STEP / f, tmp_path / f)
+    (tmp_path / "student_kernel.cu").write_text(code)
+    return tmp_path / "student_kernel.cu"
+
+
+def test_the_emulator_stands_in_for_the_instructions_only():
+    """The CPU check compiles fa_primitives.cuh itself: the emulator (emu/emu_sm80.h) defines every
+    instruction the header leaves out under FA_CPU_EMULATION, and restates nothing the header keeps."""
+    emulated, kept = split_header((STEP / "fa_primitives.cuh").read_text())
+    assert {"cp_async_16", "ldmatrix_x4", "ldmatrix_x4_trans", "Mma", "exp2_approx"} <= emulated, emulated
+    assert {"smem_addr", "mma_16816", "pack2", "quad_max", "quad_sum", "swizzle", "finite_max"} <= kept, kept
+    emu = defined_names((EMU / "emu_sm80.h").read_text() + (EMU / "emu_warp.h").read_text())
+    assert not emulated - emu, f"the emulator lacks {sorted(emulated - emu)}"
+    assert not kept & emu, f"the emulator restates {sorted(kept & emu)} of fa_primitives.cuh"
 
 
 def test_c_fragment_layout_matches_the_course():
@@ -146,9 +158,8 @@ def test_solution_passes_the_cpu_check(capsys):
 
 @needs_gxx
 def test_stub_fails_the_cpu_check_as_not_implemented(tmp_path):
-    (tmp_path / "student_kernel.cu").write_text(STUB)
     with pytest.raises(hc.HostCheckError, match="not implemented yet") as err:
-        hc.check_device_functions(tmp_path / "student_kernel.cu", verbose=False)
+        hc.check_device_functions(student_folder(tmp_path, STUB), verbose=False)
     for f in hc.FUNCTIONS:
         assert f"{f}: not implemented yet" in str(err.value)
 
@@ -157,8 +168,7 @@ def test_stub_fails_the_cpu_check_as_not_implemented(tmp_path):
 def test_a_marker_left_in_a_written_function_does_not_fail_it(tmp_path):
     code = SOLUTION.replace("  // BEGIN SOLUTION\n  float alpha[2];", '  FA_TODO("online_softmax_update");\n  float alpha[2];')
     assert code != SOLUTION
-    (tmp_path / "student_kernel.cu").write_text(code)
-    rep = hc.check_device_functions(tmp_path / "student_kernel.cu", verbose=False)
+    rep = hc.check_device_functions(student_folder(tmp_path, code), verbose=False)
     (res,) = [r for r in rep.results if r.name == "online_softmax_update"]
     assert res.status == "pass" and "delete that line" in res.message
 
@@ -169,17 +179,18 @@ def test_a_file_g_plus_plus_cannot_build_is_not_checked_and_not_failed(tmp_path,
     code = SOLUTION.replace("    const float m_use = fa::finite_max(m_new);",
                             '    float m_use;\n    asm("mov.f32 %0, %1;" : "=f"(m_use) : "f"(fa::finite_max(m_new)));')
     assert code != SOLUTION
-    (tmp_path / "student_kernel.cu").write_text(code)
-    rep = hc.check_device_functions(tmp_path / "student_kernel.cu")
+    rep = hc.check_device_functions(student_folder(tmp_path, code))
     out = capsys.readouterr().out
     assert not rep.build.ok and {r.status for r in rep.results} == {"skipped"}, rep.results
     assert "not checked: g++ could not compile your file" in out and "What only a GPU checks" in out
+    # g++'s error names the student's own file and line, not a copy of it
+    line = code[:code.index('asm("mov.f32')].count("\n") + 1
+    assert f"{tmp_path / 'student_kernel.cu'}:{line}:" in out, out
 
 
 # ----------------------------------------------------------------------------- the visible cells
 def run_visible(tmp_path, kernels: dict[str, str], skip=()) -> dict[str, dict]:
-    return run_cuda_visible(tmp_path, STEP, "06_cuda_flash_attention.ipynb",
-                            ("fa_harness.cuh", "fa_primitives.cuh", "fa_params.h", "fa_binding.cpp"), kernels, skip)
+    return run_cuda_visible(tmp_path, STEP, "06_cuda_flash_attention.ipynb", GIVEN, kernels, skip)
 
 
 @pytest.mark.slow

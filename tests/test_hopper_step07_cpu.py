@@ -2,8 +2,8 @@
 
 * the stub's marker: the untouched stub's four functions are reported as not implemented (compile
   check and CPU check), and a written one no longer is;
-* the host stand-in of hopper_primitives.cuh gives every name the real header gives; the emulated
-  WGMMA accumulator is the lecture's layout (step 06's C fragment stacked along N);
+* the emulator (emu/emu_hopper.h) defines every instruction hopper_primitives.cuh leaves out on the
+  CPU and restates nothing the header keeps; the emulated WGMMA accumulator is the lecture's layout (step 06's C fragment stacked along N);
 * the notebook's visible cells as a student's Run All runs them (nvcc's compile check left out: the
   grading test runs it), in subprocesses: the solution passes the CPU check (well under 30 s with its
   first build), the stub is reported as not implemented, the GPU test prints one sentence and does not
@@ -35,6 +35,9 @@ STUB = (STEP / "student_kernel.cu").read_text()
 GIVEN = ("hopper_common.cuh", "hopper_harness.cuh", "hopper_primitives.cuh", "fa_params.h", "fa_binding.cpp")
 
 from facourse import cuda_host_check as hc  # noqa: E402
+from facourse import emu_hopper  # noqa: E402
+from facourse.emu_build import EMU, defined_names, split_header  # noqa: E402
+from facourse.emu_hopper_gemm import wgmma_coords  # noqa: E402
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed: the CPU check builds with it")
 
@@ -136,7 +139,7 @@ def combos() -> list[tuple[str, ...]]:
     return out
 
 
-# ----------------------------------------------------------------------------- the stub's marker, the shim
+# ----------------------------------------------------------------------------- the stub's marker, the emulator
 def test_stub_functions_are_reported_not_implemented_until_written():
     assert hc.step_of(STUB) == hc.step_of(SOLUTION) == "07"
     assert hc.step_of((ROOT / "solutions" / "06_cuda_flash_attention" / "student_kernel.cu").read_text()) == "06"
@@ -150,15 +153,15 @@ def test_stub_functions_are_reported_not_implemented_until_written():
     assert hc.unwritten_functions(one) == ["producer", "gemm_qk", "consumer_mainloop"]
 
 
-def test_shim_stands_in_for_every_hopper_primitive():
-    """Every function hopper_primitives.cuh gives the student exists in the host stand-in."""
-    prim = (STEP / "hopper_primitives.cuh").read_text()
-    names = set(re.findall(r"HP_DEVICE \w+ (\w+)\(", prim)) | {"HP_DEVICE"}   # (its other macros are #undef'd)
-    names |= set(re.findall(r"^template <[^>]*>\s*(?:HP_DEVICE )?(?:struct|void|uint32_t) (\w+)", prim, re.M))
-    from facourse.cuda_host_shim import HOPPER_SHIM
-    assert {"mbar_wait", "tma_load_4d", "smem_desc", "wgmma_rs", "named_bar_sync", "pack2"} <= names, names
-    missing = sorted(n for n in names if not re.search(rf"\b{n}\b", HOPPER_SHIM))
-    assert not missing, f"the host stand-in lacks {missing}"
+def test_the_emulator_stands_in_for_the_hopper_instructions_only():
+    """The CPU check compiles hopper_primitives.cuh itself: the emulator (emu/emu_hopper.h) defines every
+    instruction the header leaves out under FA_CPU_EMULATION, and restates nothing the header keeps."""
+    emulated, kept = split_header((STEP / "hopper_primitives.cuh").read_text())
+    assert {"mbar_wait", "tma_load_4d", "wgmma_rs", "wgmma_ss_n128", "named_bar_sync", "exp2_approx"} <= emulated
+    assert {"smem_u32", "smem_desc", "pack2", "quad_max", "quad_sum", "WgmmaType"} <= kept, kept
+    emu = defined_names((EMU / "emu_hopper.h").read_text() + (EMU / "emu_warp.h").read_text())
+    assert not emulated - emu, f"the emulator lacks {sorted(emulated - emu)}"
+    assert not kept & emu, f"the emulator restates {sorted(kept & emu)} of hopper_primitives.cuh"
 
 
 def test_accumulator_layout_is_the_lectures():
@@ -167,7 +170,7 @@ def test_accumulator_layout_is_the_lectures():
     sys.path.insert(0, str(ROOT / "diagrams"))
     import fragments as fr
     for n in (64, 128):
-        rows, cols = hc._wgmma_coords(n)
+        rows, cols = wgmma_coords(n)
         for t in range(128):
             w, lane = divmod(t, 32)
             for i in range(n // 2):
@@ -179,12 +182,12 @@ def test_accumulator_layout_is_the_lectures():
 def test_schedule_is_the_kernels_protocol():
     """The schedule the check runs the oracles from: every ring position filled once per tile's key
     block, waits with the parities of the lecture's ring (full: phase(it), empty: phase(it) ^ 1)."""
-    P = hc.PRODUCER_PROBLEMS[0]
-    pops, cops, what = hc._schedule(P)
-    nbs = [nb for *_, nb in hc._tiles(P)]
+    P = emu_hopper.PRODUCER_PROBLEMS[0]
+    pops, cops, what = emu_hopper.schedule(P)
+    nbs = [nb for *_, nb in emu_hopper.tiles(P)]
     assert sum(nbs) == sum(1 for w in what if w["map"] == "K") // (P.D // 64) == 20
-    empties = [o for o in pops if o[1] == hc.WAIT and o[2] in (4, 5)]
-    fulls = [o for o in cops if o[1] == hc.WAIT and o[2] in (2, 3)]
+    empties = [o for o in pops if o[1] == emu_hopper.WAIT and o[2] in (4, 5)]
+    fulls = [o for o in cops if o[1] == emu_hopper.WAIT and o[2] in (2, 3)]
     assert [o[3] for o in empties] == [((it // 2) & 1) ^ 1 for it in range(20)]
     assert [o[3] for o in fulls] == [(it // 2) & 1 for it in range(20)]
 

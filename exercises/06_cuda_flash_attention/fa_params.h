@@ -1,5 +1,5 @@
 // fa_params.h: the C ABI between a kernel file and its host binding (no CUDA, no torch).
-// Every kernel of step 06 exports
+// Every kernel of steps 06 and 07 exports
 //     extern "C" int fa_launch(const FaParams* p, void* stream);   // returns a cudaError_t
 // Strides are in elements; the last dimension is contiguous (stride 1).
 #pragma once

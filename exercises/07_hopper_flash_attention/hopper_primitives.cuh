@@ -19,11 +19,14 @@
 #include <type_traits>
 
 #define HP_DEVICE __device__ __forceinline__
+// The CPU check of this step (facourse.emu) compiles these headers with g++ and FA_CPU_EMULATION set:
+// it brings C++ versions of the PTX instructions, so only those are left out (#ifndef) below.
 
 namespace hp {
 
 HP_DEVICE uint32_t smem_u32(const void* ptr) { return static_cast<uint32_t>(__cvta_generic_to_shared(ptr)); }
 
+#ifndef FA_CPU_EMULATION
 // ------------------------------------------------------------------------------ mbarrier
 // An mbarrier completes a phase when its pending arrivals reach zero AND the transaction bytes it
 // was told to expect (expect_tx) have landed. Waiters name the phase by its parity (0, 1, 0, ...).
@@ -80,6 +83,7 @@ HP_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int
 HP_DEVICE void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+#endif  // FA_CPU_EMULATION
 
 // ------------------------------------------------------------------------------ WGMMA
 // Shared-memory matrix descriptor (PTX ISA, "matrix descriptor"): bits 0-13 start address >> 4,
@@ -90,6 +94,10 @@ HP_DEVICE uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride
   return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((lead_bytes >> 4) & 0x3FFF) << 16) |
          ((uint64_t)((stride_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
+template <typename T> struct WgmmaType;
+template <> struct WgmmaType<__half> { static constexpr const char* name = "f16"; };
+template <> struct WgmmaType<__nv_bfloat16> { static constexpr const char* name = "bf16"; };
+#ifndef FA_CPU_EMULATION
 HP_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 HP_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 // Wait until at most N committed groups of this warpgroup are still in flight.
@@ -111,10 +119,6 @@ HP_DEVICE void pin_registers(uint32_t (&r)[N][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
-
-template <typename T> struct WgmmaType;
-template <> struct WgmmaType<__half> { static constexpr const char* name = "f16"; };
-template <> struct WgmmaType<__nv_bfloat16> { static constexpr const char* name = "bf16"; };
 
 #define HP_ACC8(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), \
                    "+f"(d[b + 6]), "+f"(d[b + 7])
@@ -194,6 +198,7 @@ HP_DEVICE float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+#endif  // FA_CPU_EMULATION
 // A row of an accumulator fragment lives in the 4 lanes of a quad (lanes 4r .. 4r+3).
 HP_DEVICE float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

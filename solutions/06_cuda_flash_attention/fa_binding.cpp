@@ -1,4 +1,4 @@
-// fa_binding.cpp: the torch binding of a step-06 kernel (any file that exports fa_launch).
+// fa_binding.cpp: the torch binding of a step-06 or step-07 kernel (any file that exports fa_launch).
 // Built on a GPU machine only, by facourse.load_cuda_extension; the kernels never see torch.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
