@@ -5,7 +5,9 @@
            [--jobs N] [--timeout S] [--cell-timeout S] [--force] [--trust STUDENT]
            [--cluster auto|HOST:PORT|ray://HOST:PORT [--retries N]]   # grade on a Ray cluster
     python -m autograder report                   # grades CSV + HTML report from the workspace
-    python -m autograder export                   # grades CSV + table from the gradebook
+    python -m autograder export                   # grades CSV + table from the gradebook, and for an LMS:
+           [--roster ROSTER.csv] [--out DIR]      # one row per student, one feedback page per assignment
+    python -m autograder formgrader [--port P]    # nbgrader's formgrader on the workspace (manual grading)
     python -m autograder demo                     # grade autograder/samples (every CPU-gradable step: the
            [--jobs N] ...                         # solution, the stub, a planted bug), table + HTML report
     python -m autograder bundle OUT.zip           # the student archive: no solutions, no autograder
@@ -65,8 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     grading_options(g)
     rp = sub.add_parser("report", help="grades CSV and HTML report (class and per student) from the workspace")
     rp.add_argument("--csv", type=Path)
-    e = sub.add_parser("export", help="write the grades CSV from the gradebook")
+    e = sub.add_parser("export", help="the grades CSV from the gradebook, and for an LMS: one row per student "
+                       "(<out>/lms.csv) and one feedback page per student and assignment (<out>/feedback/)")
     e.add_argument("--csv", type=Path)
+    e.add_argument("--out", type=Path, help="folder for lms.csv and feedback/ (default: <workspace>/export)")
+    e.add_argument("--roster", type=Path,
+                   help="CSV with a 'student' column (the course's ids) and the LMS's own (ids, emails, ...)")
+    fg = sub.add_parser("formgrader", help="nbgrader's formgrader on the workspace, to grade written answers "
+                        "(JupyterLab on 127.0.0.1)")
+    fg.add_argument("--port", type=int, default=8890)
+    fg.add_argument("--no-browser", action="store_true", help="print the address only")
     d = sub.add_parser("demo", help="autograde the bundled samples (tools/make_samples.py: every CPU-gradable "
                        "step's solution, stub and planted bug), print the grade table, write the report")
     grading_options(d, jobs=max(1, min(3, os.cpu_count() or 1)))
@@ -108,7 +118,16 @@ def main(argv: list[str] | None = None) -> int:
                                    "`python -m autograder autograde` first")
             print_report(results, args.csv or ws / "grades.csv", show_messages=False, workspace=ws)
         elif args.cmd == "export":
-            print_report(export(ws), args.csv or ws / "grades.csv", show_messages=False)
+            from .export import export_lms
+            shown = print_report(export(ws), args.csv or ws / "grades.csv", show_messages=False, workspace=ws,
+                                 html=False)
+            lms, n, missing = export_lms(shown, args.out or ws / "export", args.roster)
+            print(f"LMS table written to {lms}; {n} feedback page(s) under {lms.parent / 'feedback'}")
+            if missing:
+                print(f"note: not in the roster, exported anyway: {', '.join(missing)}", file=sys.stderr)
+        elif args.cmd == "formgrader":
+            from . import formgrader
+            return formgrader.main(["--port", str(args.port)] + ["--no-browser"] * args.no_browser, workspace=ws)
         elif args.cmd == "retime":
             from .retime import retime
             return retime(args.submissions / args.student / args.assignment, args.assignment)

@@ -3,6 +3,8 @@
 The course root is the repository: `solutions/` is nbgrader's source directory and `exercises/`
 its release directory. Everything grading writes (submissions copied in, autograded notebooks,
 feedback, the gradebook) lives in a workspace, `grading/` unless FACOURSE_WORKSPACE says otherwise.
+A JupyterHub course directory that has its own nbgrader_config.py loads this one first
+(autograder/README.md, "Plain nbgrader and JupyterHub").
 """
 import os
 from pathlib import Path
@@ -35,3 +37,18 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # every other file of the source folder over the submission (the given headers and binding), but
 # must not overwrite that one with the stub of solutions/.
 c.Autograde.exclude_overwriting = {p.parent.name: [p.name] for p in (ROOT / "solutions").glob("*/student_kernel.cu")}
+
+# Plain `nbgrader autograde` refuses (the grade is the judge's, never the kernel's), and plain
+# `nbgrader generate_feedback` shows no hidden test and no seed: autograder/nbgrader_hooks.py.
+import sys  # noqa: E402
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
+from nbgrader.preprocessors import GetGrades  # noqa: E402
+
+from autograder.nbgrader_hooks import HideHiddenTests, judge_only, refuse_plain_command  # noqa: E402
+
+refuse_plain_command(sys.argv)
+c.Autograde.pre_convert_hook = judge_only
+c.GenerateFeedback.preprocessors = [HideHiddenTests, GetGrades, CSSHTMLHeaderPreprocessor]

@@ -2,11 +2,13 @@
 
     report/index.html            every student's score per step, then per step: the score of each
                                  student, score distribution, per-test pass rates, perf (GPU tier), table
-    report/students/<name>.html  feedback: each test, its points, the teaching line of a failure
+    report/students/<name>.html  feedback: each test, its points, the teaching line of a failure,
+                                 the points and comments given by hand
     report/*.png                 the plots (files, never base64)
 
 Feedback shows the error's name and the check's "likely cause" line (or the first line of the
-message), never the source of a hidden test.
+message), never the source of a hidden test nor a seed. Manual grades and comments come from the
+workspace's gradebook (``manual.py``) whenever a workspace is given, so every command's outputs agree.
 """
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from . import manual
 from .model import Result
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:70em;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.pass{color:#176c2e}.fail{color:#a11}.muted{color:#777}img{max-width:100%;margin:.5em 0}
-code{background:#f6f6f6;padding:0 .2em}"""
+code{background:#f6f6f6;padding:0 .2em}.comment{white-space:pre-wrap;font-style:italic}"""
 
 
 def _e(x) -> str:
@@ -198,26 +201,52 @@ def _machines(results: list[Result]) -> list[dict]:
     return out
 
 
+#: What a student's page says of a test graded by hand (t["manual"], manual.py).
+_BY_HAND = {
+    manual.GRADED: "<span class='pass'>graded by hand</span>",
+    manual.ADJUSTED: "<span class='pass'>points adjusted by hand</span>",
+    manual.STALE: "<span class='fail'>changed since graded by hand: to be reviewed</span>",
+    manual.PENDING: "<span class='muted'>awaits grading by hand</span>",
+    manual.UNANSWERED: "<span class='fail'>not answered</span>",
+}
+
+
 def _feedback_rows(r: Result) -> str:
     rows = []
     for t in r.tests:
         name = t["name"]
-        if not t.get("auto"):
+        how = t.get("manual")
+        points = f"{t['score']:g} / {t['max_score']:g}"
+        if how in _BY_HAND:
+            verdict, why = _BY_HAND[how], ""
+            if how == manual.PENDING:
+                points = f"- / {t['max_score']:g}"
+        elif not t.get("auto"):
             verdict, why = "<span class='muted'>graded by hand</span>", ""
         elif t["score"] >= t["max_score"]:
             verdict, why = "<span class='pass'>passed</span>", ""
         else:
             verdict = "<span class='fail'>failed</span>"
             why = _feedback(r.messages.get(name, ""))
-        rows.append(f"<tr><td>{_e(name)}</td><td>{t['score']:g} / {t['max_score']:g}</td>"
-                    f"<td>{verdict}</td><td>{why}</td></tr>")
+        if t.get("comment"):
+            why += ("<br>" if why else "") + f"<span class='comment'>{_e(t['comment'])}</span>"
+        rows.append(f"<tr><td>{_e(name)}</td><td>{points}</td><td>{verdict}</td><td>{why}</td></tr>")
     return "".join(rows)
+
+
+SEED = re.compile(r"(seed\s*[=:(]?\s*)-?\d+", re.IGNORECASE)
+
+
+def hide_seeds(text: str) -> str:
+    """A grading seed is secret (a regrade draws the same inputs): never shown to a student."""
+    return SEED.sub(r"\1(hidden)", text)
 
 
 def _feedback(msg: str) -> str:
     """The error's name, the first line of its message and the check's "likely cause" line."""
     if not msg:
         return ""
+    msg = hide_seeds(msg)
     ename, _, text = msg.partition(": ")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     first = lines[0] if lines else ""
@@ -243,20 +272,37 @@ def _flag_table(rows: list[tuple[str | None, dict]]) -> str:
             "no points change.</p>")
 
 
+def _student_sections(r: Result) -> list[str]:
+    """One assignment of a student's feedback: score, status, each test, perf, flags."""
+    pending = f" ({r.manual_pending:g} point(s) await grading by hand)" if r.manual_pending else ""
+    parts = [f"<h2>{_e(r.assignment)}: {r.score:g} / {r.max_score:g}{pending}</h2>"
+             f"<p>status: {_e(r.status)}</p>"]
+    if r.tests:
+        parts.append("<table><tr><th>test</th><th>points</th><th>result</th><th>feedback</th></tr>"
+                     + _feedback_rows(r) + "</table>")
+    for p in r.perf:
+        parts.append(f"<p>performance: {_e(p.get('summary') or p.get('flag') or p.get('status', ''))}</p>")
+    if r.flags:
+        parts.append("<h3>Flagged for the instructor's review</h3>" + _flag_table([(None, f) for f in r.flags]))
+    return parts
+
+
+_FOOTER = ("<p class='muted'>Feedback names each failed test and the check's likely cause; "
+           "the hidden tests themselves stay hidden.</p>")
+
+
+def write_feedback_page(r: Result, path: Path) -> None:
+    """One (student, assignment) page, ready to return to the student (``export``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_page(f"Feedback for {r.student}: {r.assignment}", "".join(_student_sections(r)) + _FOOTER),
+                    encoding="utf-8")
+
+
 def write_student_page(student: str, rs: list[Result], path: Path) -> None:
     parts = []
     for r in rs:
-        parts.append(f"<h2>{_e(r.assignment)}: {r.score:g} / {r.max_score:g}</h2>"
-                     f"<p>status: {_e(r.status)}</p>")
-        if r.tests:
-            parts.append("<table><tr><th>test</th><th>points</th><th>result</th><th>feedback</th></tr>"
-                         + _feedback_rows(r) + "</table>")
-        for p in r.perf:
-            parts.append(f"<p>performance: {_e(p.get('summary') or p.get('flag') or p.get('status', ''))}</p>")
-        if r.flags:
-            parts.append("<h3>Flagged for the instructor's review</h3>" + _flag_table([(None, f) for f in r.flags]))
-    parts.append("<p class='muted'>Feedback names each failed test and the check's likely cause; "
-                 "the hidden tests themselves stay hidden.</p>")
+        parts += _student_sections(r)
+    parts.append(_FOOTER)
     path.write_text(_page(f"Feedback for {student}", "".join(parts)), encoding="utf-8")
 
 
@@ -284,9 +330,14 @@ def write_report(results: list[Result], out: Path, machine: dict | None = None) 
         by_a[r.assignment].append(r)
     for a, rs in sorted(by_a.items()):
         scores = [r.score for r in rs]
+        pending = sum(bool(r.manual_pending) for r in rs)
+        stale = sum(bool(manual.stale_tests(r)) for r in rs)
         body.append(f"<h2>{_e(a)}</h2><p>mean {sum(scores) / len(scores):.2f} of "
                     f"{max(r.max_score for r in rs):g}; {sum(r.status.startswith('graded') for r in rs)}"
-                    f" of {len(rs)} graded</p>")
+                    f" of {len(rs)} graded"
+                    + (f"; {pending} await grading by hand" if pending else "")
+                    + (f"; {stale} with an answer changed since graded by hand" if stale else "")
+                    + "</p>")
         body += [f"<img src='{_e(f)}' alt='{_e(f)}'>" for f in files.get(a, [])]
         rates = _pass_rates(rs)
         if rates:
@@ -348,11 +399,13 @@ def write_csv(results: list[Result], path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["student", "assignment", "score", "max_score", "manual_pending", "status",
-                    "failed_tests", "seconds", "flags"])
+                    "failed_tests", "seconds", "flags", "manual_points", "manual_stale", "comments"])
         for r in results:
             w.writerow([r.student, r.assignment, f"{r.score:g}", f"{r.max_score:g}",
                         f"{r.manual_pending:g}", r.status, " ".join(r.failed), f"{r.seconds:.1f}",
-                        " | ".join(f"{f['severity']}: {f['where']}: {f['rule']}" for f in r.flags)])
+                        " | ".join(f"{f['severity']}: {f['where']}: {f['rule']}" for f in r.flags),
+                        f"{manual.manual_points(r):g}", " ".join(manual.stale_tests(r)),
+                        " | ".join(f"{k}: {' '.join(v.split())}" for k, v in manual.comments(r).items())])
 
 
 def table(results: list[Result]) -> str:
@@ -379,7 +432,11 @@ def summary(results: list[Result], seconds: float | None = None) -> str:
 
 
 def print_report(results: list[Result], csv_path: Path, show_messages: bool = True,
-            workspace: Path | None = None, seconds: float | None = None) -> None:
+            workspace: Path | None = None, seconds: float | None = None, html: bool = True) -> list[Result]:
+    """The grade table, the CSV and (``html``) the HTML report; with a ``workspace``, every output
+    carries its gradebook's manual grades and comments. Returns the results as reported."""
+    if workspace is not None:
+        results = manual.with_manual_grades(workspace, results)
     write_csv(results, csv_path)
     print()
     print(table(results))
@@ -389,8 +446,9 @@ def print_report(results: list[Result], csv_path: Path, show_messages: bool = Tr
                 print(f"  {r.student}/{r.assignment} {gid}: {_headline(msg)}")
     print(f"\n{summary(results, seconds)}")
     print(f"grades written to {csv_path}")
-    if workspace is not None:
+    if workspace is not None and html:
         index = write_report(results, workspace / "report")
         print(f"report written to {index}")
+    return results
 
 
