@@ -115,21 +115,20 @@ for name, f in (("row-major", lambda r, c: r * D + c), ("swizzled", swz)):
 # %% [markdown]
 # ## 5. The ladder
 #
-# | rung | idea | why | measured on `large` (H100, fp16) |
-# |---|---|---|---|
-# | v1_scalar | K_j, V_j in shared memory, one warp per row, shuffles | correct baseline on CUDA cores | 8 TFLOP/s, 0.03x FA2 |
-# | v2_mma | `mma.sync` + `ldmatrix`, softmax in registers, P as A operand | tensor cores | 53 TFLOP/s, 0.17x FA2 |
-# | v3_cp_async | 2-stage `cp.async` ring, BLOCK_M = 128 (8 warps x 16 rows), Q in registers | hides HBM latency | 53 TFLOP/s, 0.17x FA2 |
-# | v4_swizzle | XOR swizzle, causal tile skipping = the exercise solution | no bank conflicts | 248 TFLOP/s, 0.81x FA2 |
-# | v5_warp_specialized | producer warp + mbarrier ring, softmax overlapped with the next $QK^\top$ (FA3 ideas) | section 6 | 274 TFLOP/s, 0.90x FA2 |
-# | v6_fa2_tiles_lazy | 4 warps x 32 rows, 2 CTAs per SM, conditional rescale (v5's kernel, another configuration) | section 7 | 328 TFLOP/s, 1.08x FA2 |
+# | rung | idea | why |
+# |---|---|---|
+# | v1_scalar | K_j, V_j in shared memory, one warp per row, shuffles | correct baseline on CUDA cores |
+# | v2_mma | `mma.sync` + `ldmatrix`, softmax in registers, P as A operand | tensor cores |
+# | v3_cp_async | 2-stage `cp.async` ring, BLOCK_M = 128 (8 warps x 16 rows), Q in registers | hides HBM latency |
+# | v4_swizzle | XOR swizzle, causal tile skipping = the exercise solution | no bank conflicts |
+# | v5_warp_specialized | producer warp + mbarrier ring, softmax overlapped with the next $QK^\top$ (FA3 ideas) | section 6 |
+# | v6_fa2_tiles_lazy | 4 warps x 32 rows, 2 CTAs per SM, conditional rescale (v5's kernel, another configuration) | section 7 |
 #
-# The measurement tells a story the "why" column alone does not: tensor cores (v2) bring 6.9x over
-# CUDA cores, but the pipeline (v3) gains nothing while every `ldmatrix` read is an 8-way bank
-# conflict; the swizzle (v4) is worth 4.7x. The bottleneck you do not remove hides the ones you did.
-# Each ratio is against SDPA's FlashAttention-2 timed in the same process; the cell below prints
-# every rung's figures from the committed results (one device run, 2026-11-22, shipped with the
-# course in `results/measured.json`).
+# The measurements (the cell below) tell a story the "why" column alone does not: tensor cores (v2)
+# bring 6.9x over CUDA cores on `large`, but the pipeline (v3) gains nothing while every `ldmatrix`
+# read is an 8-way bank conflict; the swizzle (v4) is worth 4.7x. The bottleneck you do not remove
+# hides the ones you did. Each figure comes from one device run (2026-11-22) against SDPA's
+# FlashAttention-2 timed in the same process, shipped with the course in `results/measured.json`.
 #
 # Each file's header carries a one-line verdict and its measured figure (H100, `large`, fp16);
 # the ladder runner, `PYTHONPATH=src:. python -m benchmarks.ladder 06`, builds, checks and times every
