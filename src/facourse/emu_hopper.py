@@ -247,7 +247,7 @@ def deadlock(msg: str) -> dict | None:
     for ln in msg.splitlines()[1:]:
         f = ln.split()
         if f[0] == "waiter" and f[2] == "mbar":
-            tid, (bid, parity, done, pending, tx, uses) = int(f[1]), map(int, f[3:9])
+            tid, (bid, parity, done, pending, _, uses) = int(f[1]), map(int, f[3:9])
             key = (_who(tid), "mbar", bid, parity)
             groups.setdefault(key, dict(n=0, done=done, pending=pending, uses=uses))["n"] += 1
         elif f[0] == "waiter" and f[2] == "named":
@@ -361,7 +361,6 @@ def _tma_hint(P: Problem, w: dict, g: tuple | None, want: tuple) -> str:
     if g is None:
         return ""
     m, dst, bar, c0, c1, c2, c3 = g
-    lay = P.layout()
     if m != want[0]:
         return f". It loads from tm_{MAPS[m].lower() if 0 <= m < 3 else '?'}: {w['map']} comes from tm_{w['map'].lower()}"
     if bar != want[2]:

@@ -286,7 +286,7 @@ def _consumer_deadlock_hint(dl: dict) -> str:
             r = REGIONS.index(region) if region in REGIONS else -1
             held = sorted({w for (w, rr), (ph, _) in dl["holds"].items() if rr == r and ph >= 0})
             why = (f"consumer warps {held} still hold it (they waited on its full barrier and never arrived on "
-                   f"{BARS[bid]})" if held else f"the consumers did not release it")
+                   f"{BARS[bid]})" if held else "the consumers did not release it")
             rel = "release(&bars.q_empty, lane) once every S of the tile is done" if bid == 1 else \
                 f"release(&bars.{BARS[bid].split('[')[0]}[slot], lane) after the wgmma_wait that ends the GEMM reading it"
             return f"the producer waits for {region} to be released, and {why}: {rel}"
