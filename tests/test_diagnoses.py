@@ -178,3 +178,63 @@ def test_top_left_in_fp16_is_named_when_rows_of_few_keys_round_past_the_toleranc
     top_left = reference_attention(q, k, v, True, None, dtype=torch.float32, align="top_left")[0].half()
     with pytest.raises(AttentionCheckError, match="top-left causal alignment"):
         check_attention(top_left, q, k, v, causal=True, config="asymmetric").raise_if_failed()
+
+
+# ----------------------------------------------------------------------------- step 08
+def _step08_inputs(causal=True):
+    import torch
+
+    from facourse.backward import draw_dout
+    from facourse.configs import AttnConfig, make_inputs
+    cfg = AttnConfig("planted", 1, 4, 2, 40, 56, 32, causal)       # GQA, Sq < Skv, ragged
+    q, k, v = make_inputs(cfg, 11, "cpu", torch.float32)
+    return cfg, q, k, v, draw_dout(cfg, 11, "cpu", torch.float32)
+
+
+def _check_grads(grads, q, k, v, do, causal):
+    import torch
+
+    from facourse.backward import check_gradients_of
+    from facourse.reference import reference_attention
+    o = reference_attention(q, k, v, causal)[0].to(q.dtype)
+    return check_gradients_of(o, *(grads[n].to(torch.float32) for n in ("dq", "dk", "dv")), q, k, v, do, causal,
+                              config="planted")
+
+
+def test_08_each_mistake_is_named_and_no_other():
+    """Every step-08 mistake (in the whole backward, or in one of its two passes), given the gradients it
+    produces, is named by the check with its own cause, and the pass it sits in."""
+    from facourse.backward import backward_mistakes
+    _, q, k, v, do = _step08_inputs()
+    mistakes = backward_mistakes(q, k, v, do, True, None)
+    assert len(mistakes) > 20 and any("off by one on the diagonal" in m.cause for m in mistakes)
+    for m in mistakes:
+        with pytest.raises(AttentionCheckError) as err:
+            _check_grads(m.produce(), q, k, v, do, True)
+        assert cause(err).strip() == m.cause, (m.cause, str(err.value))
+        for name in ("dq", "dk", "dv"):       # the message leads with a gradient the mistake breaks
+            if str(err.value).split("] ", 1)[1].startswith(f"{name} is wrong"):
+                assert name in m.breaks, (m.cause, str(err.value))
+
+
+def test_08_a_nearly_right_dq_is_not_blamed_on_a_mistake_that_leaves_dq_right():
+    """dQ off by 3 %, dK and dV right: neither "dK misses the softmax scale" (its dQ is the reference's) nor
+    "dQ is scaled twice" (another dQ); the message says which gradient is wrong, where, and that the others
+    are right."""
+    from facourse.backward import attention_grads
+    _, q, k, v, do = _step08_inputs()
+    dq, dk, dv = attention_grads(q, k, v, do, True)
+    dq = dq.clone()
+    dq[:, :, 7:] *= 1.03
+    with pytest.raises(AttentionCheckError) as err:
+        _check_grads({"dq": dq, "dk": dk, "dv": dv}, q, k, v, do, True)
+    c = cause(err)
+    assert "no classic mistake matches: dq at query rows 7-39" in c and "dk and dv right" in c, c
+    assert "scale" not in c.split(".")[0] and "dK misses" not in c and "scaled twice" not in c, c
+
+
+def test_08_correct_gradients_pass():
+    from facourse.backward import attention_grads
+    _, q, k, v, do = _step08_inputs()
+    lines = _check_grads(dict(zip(("dq", "dk", "dv"), attention_grads(q, k, v, do, True))), q, k, v, do, True)
+    assert len(lines) == 4 and all("passed" in ln for ln in lines)

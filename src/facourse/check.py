@@ -1,29 +1,31 @@
-"""The one correctness check of the course (docs/DESIGN.md, "Correctness rule").
+"""The attention forward's check (steps 01 and 04-07): its reference, its mistakes, on the one rule.
 
-A result passes when all hold:
-  1. it is finite where the reference is defined, and -inf/0 exactly where a row sees no key;
+The rule itself (docs/DESIGN.md, "Correctness rule") lives in :mod:`facourse.rule`:
+  1. finite where the reference is defined, and 0 (lse -inf) exactly where a row sees no key;
   2. max|o - ref| <= 2 · max|o_torch - ref| + 1e-3, with o_torch PyTorch's attention in the
      same dtype (no worse than twice the framework's own rounding);
   3. max|o - ref| / max|ref| < 1e-2;
-  4. it is not degenerate (not ≈ 0, not ≈ mean of V), and every element was written: new
-     allocations made during the call are filled with NaN, so an unwritten element shows.
+  4. not degenerate (not ≈ 0, not ≈ mean of V), and every element written: the guarded call
+     fills new allocations with NaN, so an unwritten element shows.
+Here are the forward's cases (``check_entry_point``, ``check_all``), its reference
+(``reference_attention``, ``torch_attention``) and its classic mistakes (:func:`attention_mistakes`).
 A failure raises :class:`AttentionCheckError` (an ``AssertionError``) whose message names the
 configuration, the wrong rows and heads, and the most likely cause.
 """
 from __future__ import annotations
 
-import secrets
-import warnings
+import functools
 from dataclasses import dataclass, field
 
 import torch
 
 from .configs import AttnConfig, get_config, make_inputs
 from .reference import default_scale, reference_attention, torch_attention
-
-from .rule import (ABS_SLACK, REL_LIMIT, AttentionCheckError, CheckError, check_lse, collecting,  # noqa: F401
-                   describe_rows, is_collecting, masked_attention, max_abs, nan_filled_allocations,
-                   normalise_result, ranges, verifying)
+from .rule import (ABS_SLACK, REL_LIMIT, AttentionCheckError, CheckError, Mistake, check_lse,  # noqa: F401
+                   collecting, compare, describe_rows, draw_seed, expect_tensor, guarded_call, is_collecting,
+                   make_tag, masked_attention, max_abs, nan_filled_allocations, normalise_result, ranges, say,
+                   verifying)
+from .rule import diagnose as find_mistake
 
 
 @dataclass
@@ -43,7 +45,7 @@ class CheckReport:
                 f"(allowed {self.allowed_abs_err:.2e}), relative {self.rel_err:.2e}{lse}")
 
 
-# the names other modules imported before facourse.rule held them
+# the private names decode, variants and ring import until they move onto facourse.rule
 _max_abs, _ranges, _masked_attention, _normalise = max_abs, ranges, masked_attention, normalise_result
 
 
@@ -55,7 +57,7 @@ def _fmt_rows(bad_rows: torch.Tensor, Sq: int) -> str:
     return describe_rows(bad_rows)
 
 
-# ----------------------------------------------------------------------------- diagnosis
+# ----------------------------------------------------------------------------- mistakes
 LN2 = 0.6931471805599453
 
 DIAGONAL_CAUSE = ("the diagonal is masked out: every row misses the one key on its own diagonal, "
@@ -63,45 +65,8 @@ DIAGONAL_CAUSE = ("the diagonal is masked out: every row misses the one key on i
                   "greater); `>=` hides the diagonal too (and leaves row 0 of a square problem with no key)")
 
 
-def _variants(q, k, v, causal, scale):
-    """Outputs of common mistakes, to name the likely cause of a wrong result."""
-    B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    s = default_scale(D, scale)
-    out = []
-    if causal and Sq != Skv:
-        out.append(("top-left causal alignment: you masked j > i (PyTorch's is_causal). This course "
-                    "aligns causal masks bottom-right: key j is visible to query i iff "
-                    "j <= i + (Skv - Sq), as a prefill against a KV cache needs",
-                    lambda: reference_attention(q, k, v, True, s, align="top_left")[0]))
-    if causal:
-        out.append(("the causal mask is missing: every query sees every key",
-                    lambda: reference_attention(q, k, v, False, s)[0]))
-        i = torch.arange(Sq, device=q.device)[:, None]
-        j = torch.arange(Skv, device=q.device)[None, :]
-        out.append((DIAGONAL_CAUSE, lambda: _masked_attention(q, k, v, s, j < i + (Skv - Sq))))
-    else:
-        out.append(("a causal mask was applied to a non-causal call",
-                    lambda: reference_attention(q, k, v, True, s)[0]))
-    if Hkv > 1 and Hq != Hkv:
-        out.append((f"query head h reads KV head h % Hkv; with GQA it must read h // (Hq // Hkv) "
-                    f"= h // {Hq // Hkv}",
-                    lambda: reference_attention(q, k, v, causal, s,
-                                                head_map=torch.arange(Hq) % Hkv)[0]))
-    out.append(("the softmax scale is missing: multiply Q Kᵀ by scale (default 1/sqrt(D))",
-                lambda: reference_attention(q, k, v, causal, 1.0)[0]))
-    out.append(("the scale qk_scale is never applied: exp2(s - m) of the raw scores Q Kᵀ is a softmax "
-                "with scale ln 2, not scale = 1/sqrt(D). Multiply the scores by qk_scale = scale * log2(e) "
-                "both in the row max and in the exponent",
-                lambda: reference_attention(q, k, v, causal, LN2)[0]))
-    out.append(("the scale is off by ln 2: exp2 is used with scale alone; fold log2(e) into it, "
-                "qk_scale = scale * log2(e), so that exp2(s * qk_scale - m) = exp(scale * s - m')",
-                lambda: reference_attention(q, k, v, causal, s * LN2)[0]))
-    if scale is not None:
-        out.append(("the scale argument was ignored: 1/sqrt(D) was used instead",
-                    lambda: reference_attention(q, k, v, causal, None)[0]))
-    out.append(("the scale is applied twice", lambda: reference_attention(q, k, v, causal, s * s)[0]))
-    return out
+def _o(fn):
+    return lambda: {"o": fn()}
 
 
 def _without_alpha(q, k, v, causal, scale, block_n: int):
@@ -135,40 +100,66 @@ def _without_alpha(q, k, v, causal, scale, block_n: int):
     return acc / torch.where(l_good == 0, one, l_good), acc / torch.where(l_bad == 0, one, l_bad)
 
 
-def _diagnose(o, ref, q, k, v, causal, scale, tol, bad_rows, cfg_name) -> str:
-    o64 = o.to(torch.float64)
-    # a mistake's output, computed in float32 or float64, matches o to the check's tolerance plus the
-    # rounding of o's own dtype (an ulp at each element's size): rows of a mistake that see few keys
-    # (top-left causal on Sq < Skv) are values of V, larger than the right answer's averages
-    ulp = torch.finfo(o.dtype).eps if o.dtype in (torch.float16, torch.bfloat16) else 0.0
-
-    def matches(alt) -> bool:
-        alt = alt.to(torch.float64)
-        return _max_abs(((o64 - alt).abs() - ulp * alt.abs()).clamp(min=0)) <= tol
-    if _max_abs(o64) <= 1e-6:
-        return "the output is all zeros: was the result written back, and normalised by l?"
-    Hq, Hkv = q.shape[1], k.shape[1]
-    idx = torch.arange(Hq).to(q.device) // (Hq // Hkv)
-    mean_v = v.to(torch.float64).index_select(1, idx).mean(dim=2, keepdim=True).expand_as(ref)
-    if _max_abs(o64 - mean_v) <= tol:
-        return ("the output is the mean of V: every key got the same weight. Are the scores "
-                "computed from Q Kᵀ, and is the softmax taken over the key dimension (dim=-1)?")
-    for cause, fn in _variants(q, k, v, causal, scale):
-        try:
-            alt = fn()
-        except Exception:  # a variant that cannot be formed says nothing
-            continue
-        if matches(alt):
-            return cause
-    Skv = k.shape[2]
+def attention_mistakes(q, k, v, causal, scale) -> list[Mistake]:
+    """The forward's classic mistakes on these inputs, most telling first; each breaks ``o``."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    s = default_scale(D, scale)
+    idx = (torch.arange(Hq) // (Hq // Hkv)).to(q.device)
+    out = [
+        Mistake("the output is all zeros: was the result written back, and normalised by l?",
+                _o(lambda: torch.zeros(q.shape, dtype=torch.float64, device=q.device))),
+        Mistake("the output is the mean of V: every key got the same weight. Are the scores computed from "
+                "Q Kᵀ, and is the softmax taken over the key dimension (dim=-1)?",
+                _o(lambda: v.to(torch.float64).index_select(1, idx).mean(dim=2, keepdim=True).expand(q.shape))),
+    ]
+    if causal and Sq != Skv:
+        out.append(Mistake("top-left causal alignment: you masked j > i (PyTorch's is_causal). This course "
+                           "aligns causal masks bottom-right: key j is visible to query i iff "
+                           "j <= i + (Skv - Sq), as a prefill against a KV cache needs",
+                           _o(lambda: reference_attention(q, k, v, True, s, align="top_left")[0])))
+    if causal:
+        out.append(Mistake("the causal mask is missing: every query sees every key",
+                           _o(lambda: reference_attention(q, k, v, False, s)[0])))
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Skv, device=q.device)[None, :]
+        out.append(Mistake(DIAGONAL_CAUSE, _o(lambda: masked_attention(q, k, v, s, j < i + (Skv - Sq)))))
+    else:
+        out.append(Mistake("a causal mask was applied to a non-causal call",
+                           _o(lambda: reference_attention(q, k, v, True, s)[0])))
+    if Hkv > 1 and Hq != Hkv:
+        out.append(Mistake(f"query head h reads KV head h % Hkv; with GQA it must read h // (Hq // Hkv) "
+                           f"= h // {Hq // Hkv}",
+                           _o(lambda: reference_attention(q, k, v, causal, s, head_map=torch.arange(Hq) % Hkv)[0])))
+    out.append(Mistake("the softmax scale is missing: multiply Q Kᵀ by scale (default 1/sqrt(D))",
+                       _o(lambda: reference_attention(q, k, v, causal, 1.0)[0])))
+    out.append(Mistake("the scale qk_scale is never applied: exp2(s - m) of the raw scores Q Kᵀ is a softmax "
+                       "with scale ln 2, not scale = 1/sqrt(D). Multiply the scores by qk_scale = scale * log2(e) "
+                       "both in the row max and in the exponent",
+                       _o(lambda: reference_attention(q, k, v, causal, LN2)[0])))
+    out.append(Mistake("the scale is off by ln 2: exp2 is used with scale alone; fold log2(e) into it, "
+                       "qk_scale = scale * log2(e), so that exp2(s * qk_scale - m) = exp(scale * s - m')",
+                       _o(lambda: reference_attention(q, k, v, causal, s * LN2)[0])))
+    if scale is not None:
+        out.append(Mistake("the scale argument was ignored: 1/sqrt(D) was used instead",
+                           _o(lambda: reference_attention(q, k, v, causal, None)[0])))
+    out.append(Mistake("the scale is applied twice", _o(lambda: reference_attention(q, k, v, causal, s * s)[0])))
     for bn in (16, 32, 64, 128):      # 16: the tiles of the CPU stand-in of TileLang (step 11)
         if bn >= Skv:
             break
-        for rescale_l, alt in zip((True, False), _without_alpha(q, k, v, causal, scale, bn)):
-            if matches(alt):
-                return (f"the output matches online softmax over key tiles of {bn} that does not "
-                        f"rescale the accumulator{'' if rescale_l else ' and the running sum'} by "
-                        "alpha = exp(m_old - m_new) when the running max grows: acc = alpha * acc + P V")
+        pair = functools.cache(lambda bn=bn: _without_alpha(q, k, v, causal, scale, bn))
+        for which, also in ((0, ""), (1, " and the running sum")):
+            out.append(Mistake(f"the output matches online softmax over key tiles of {bn} that does not rescale "
+                               f"the accumulator{also} by alpha = exp(m_old - m_new) when the running max "
+                               "grows: acc = alpha * acc + P V",
+                               _o(lambda pair=pair, which=which: pair()[which])))
+    return out
+
+
+def _diagnose(o, q, k, v, causal, scale, tol, bad_rows) -> str:
+    found = find_mistake({"o": o}, {"o"}, attention_mistakes(q, k, v, causal, scale), tol)
+    if found is not None:
+        return found.cause
     rows = torch.nonzero(bad_rows.any(dim=(0, 1))).flatten().tolist()
     Sq = q.shape[2]
     if rows and rows[0] > 0 and rows == list(range(rows[0], rows[-1] + 1)) and rows[-1] == Sq - 1:
@@ -179,12 +170,41 @@ def _diagnose(o, ref, q, k, v, causal, scale, tol, bad_rows, cfg_name) -> str:
         return ("the logits here are in the hundreds, where fp16 keeps only about 3 significant "
                 "digits: compute S = scale * Q K^T and the softmax in float32 (as tensor-core "
                 "kernels accumulate), subtracting the row max before exp()")
-    good_rows = Sq - len(rows)
-    if 0 < good_rows and len(rows) < Sq:
+    if 0 < len(rows) < Sq:
         return ("only some rows are wrong: look at the boundaries of your tiles (masks for the last, "
                 "partial tile; the diagonal tile of a causal mask) and at the running max and sum")
     return ("every row is wrong: check the scores (Q Kᵀ times scale), the softmax over keys "
             "(dim=-1), the normalisation by the row sum, and the final P V")
+
+
+def _nonfinite_cause(o64, nonfinite, empty, q, k, causal, scale) -> str:
+    """Why rows hold NaN or inf: ``nonfinite`` and ``empty`` are [B, Hq, Sq] row masks."""
+    Sq, Skv = q.shape[2], k.shape[2]
+    bad_r, empty_r = nonfinite.any(dim=(0, 1)), empty.any(dim=(0, 1))
+    if causal:
+        i = torch.arange(Sq)[:, None]
+        j = torch.arange(Skv)[None, :]
+        one_key = ((j <= i + (Skv - Sq)).sum(dim=-1) == 1).to(nonfinite.device)   # [Sq]
+        if bool((bad_r & one_key).any()) and not bool((bad_r & ~one_key & ~empty_r).any()):
+            return (DIAGONAL_CAUSE.replace("row 0 of a square problem", "these rows") +
+                    "; a row that sees no key must also give 0, not NaN (guard m = -inf)")
+    if empty.any() and not bool((nonfinite & ~empty).any()):
+        return ("these rows see no key (Sq > Skv with bottom-right causal): their output must be "
+                "0 and their lse -inf. Guard the division by l (l == 0) and the exp(m_old - m_new) "
+                "of a row whose max is still -inf")
+    if get_overflow_hint(q, k, scale):
+        return ("the logits here are in the hundreds: exp() overflows unless you subtract the "
+                "row max before exponentiating (safe softmax)")
+    if bool(torch.isnan(o64).all(dim=-1)[:, :, bad_r].all()):
+        rows = torch.nonzero(bad_r).flatten().tolist()
+        return (f"whole query rows ({ranges(rows)}) were never written, in every head: NaN is what the "
+                "check fills new allocations with. A query tile is missing: the loop over query tiles "
+                "must include the last, partial one (range(0, Sq, block_m), the tile clipped at Sq), "
+                "and a launch grid needs cdiv(Sq, BLOCK_M) programs along the query axis, not "
+                "Sq // BLOCK_M")
+    return ("either these elements were never written (the check fills new allocations with "
+            "NaN: does your grid or loop cover every row and every column of D?) or the "
+            "softmax produced inf/inf or 0/0")
 
 
 # ----------------------------------------------------------------------------- the check
@@ -196,100 +216,35 @@ def check_attention(o, q, k, v, causal: bool = False, scale=None, lse=None, *,
     ``diagnose(o, bad_rows)`` (a step's own diagnosis: step 12's ranks) is asked for the likely
     cause of wrong values before the course's usual ones; it returns a sentence or None.
     """
-    tag = f"[{config}]" + ("" if seed is None else f" (seed {seed})")
-    if is_collecting():
+    tag = make_tag(config, seed)
+    if is_collecting():     # the judge checks the recorded result; nothing here may fail in the kernel
         return CheckReport(config, 0.0, 0.0, 0.0, 0.0, seed=seed)
-    B, Hq, Sq, D = q.shape
-    Skv = k.shape[2]
-    if not isinstance(o, torch.Tensor):
-        raise AttentionCheckError(f"{tag} the output must be a torch.Tensor, got {type(o).__name__}")
-    if tuple(o.shape) != tuple(q.shape):
-        raise AttentionCheckError(f"{tag} the output has shape {tuple(o.shape)}; it must have q's shape "
-                                  f"{tuple(q.shape)} = [B, Hq, Sq, D]")
-    if o.dtype != q.dtype:
-        raise AttentionCheckError(f"{tag} the output has dtype {o.dtype}; it must have q's dtype {q.dtype}")
-    if o.device != q.device:
-        raise AttentionCheckError(f"{tag} the output is on {o.device}; it must stay on {q.device}")
-
+    expect_tensor(o, q, name="the output", like_name="q", tag=tag, shape_note=" = [B, Hq, Sq, D]")
     ref, ref_lse = reference_attention(q, k, v, causal, scale)
     empty = torch.isneginf(ref_lse)                       # [B, Hq, Sq]: rows with no visible key
-    o64 = o.detach().to(torch.float64)
-
-    # Rule 1: finite everywhere; rows with no visible key are exactly zero.
-    nonfinite = ~torch.isfinite(o64).all(dim=-1)
-    if nonfinite.any():
-        where = _fmt_rows(nonfinite, Sq)
-        one_key = None
-        if causal:
-            i = torch.arange(Sq)[:, None]
-            j = torch.arange(Skv)[None, :]
-            one_key = ((j <= i + (Skv - Sq)).sum(dim=-1) == 1).to(nonfinite.device)   # [Sq]
-        bad_r, empty_r = nonfinite.any(dim=(0, 1)), empty.any(dim=(0, 1))
-        if (one_key is not None and bool((bad_r & one_key).any())
-                and not bool((bad_r & ~one_key & ~empty_r).any())):       # rows with one key (and empty ones)
-            cause = (DIAGONAL_CAUSE.replace("row 0 of a square problem", "these rows") +
-                     "; a row that sees no key must also give 0, not NaN (guard m = -inf)")
-        elif empty.any() and bool((nonfinite & ~empty).sum() == 0):
-            cause = ("these rows see no key (Sq > Skv with bottom-right causal): their output must be "
-                     "0 and their lse -inf. Guard the division by l (l == 0) and the exp(m_old - m_new) "
-                     "of a row whose max is still -inf")
-        elif get_overflow_hint(q, k, scale):
-            cause = ("the logits here are in the hundreds: exp() overflows unless you subtract the "
-                     "row max before exponentiating (safe softmax)")
-        elif bool(torch.isnan(o64).all(dim=-1)[:, :, nonfinite.any(dim=(0, 1))].all()):
-            rows = torch.nonzero(nonfinite.any(dim=(0, 1))).flatten().tolist()
-            cause = (f"whole query rows ({_ranges(rows)}) were never written, in every head: NaN is what the "
-                     "check fills new allocations with. A query tile is missing: the loop over query tiles "
-                     "must include the last, partial one (range(0, Sq, block_m), the tile clipped at Sq), "
-                     "and a launch grid needs cdiv(Sq, BLOCK_M) programs along the query axis, not "
-                     "Sq // BLOCK_M")
-        else:
-            cause = ("either these elements were never written (the check fills new allocations with "
-                     "NaN: does your grid or loop cover every row and every column of D?) or the "
-                     "softmax produced inf/inf or 0/0")
-        raise AttentionCheckError(f"{tag} NaN or inf in the output at {where}.\n  likely cause: {cause}")
-    if empty.any():
-        leak = (o64.abs().amax(dim=-1) > 0) & empty
-        if leak.any():
-            raise AttentionCheckError(
-                f"{tag} rows that see no key must be exactly 0, but {_fmt_rows(leak, Sq)} are not.\n"
-                "  likely cause: with Sq > Skv the first Sq - Skv rows are fully masked; write zeros "
-                "there (and lse = -inf) instead of a softmax over nothing")
-
-    # Rules 2 and 3: within twice PyTorch's own rounding, and 1% relative.
-    o_torch = torch_attention(q, k, v, causal, scale).to(torch.float64)
-    torch_err = _max_abs(o_torch - ref)
-    allowed = 2.0 * torch_err + ABS_SLACK
-    err = o64 - ref
-    max_err = _max_abs(err)
-    ref_max = max(_max_abs(ref), 1e-30)
-    rel = max_err / ref_max
-    if max_err > allowed or rel >= REL_LIMIT:
-        row_err = err.abs().amax(dim=-1)                  # [B, Hq, Sq]
-        bad_rows = row_err > allowed
-        flat = int(torch.argmax(err.abs()))
-        b, h, i, d = (int(x) for x in torch.unravel_index(torch.tensor(flat), err.shape))
-        cause = ((diagnose(o, bad_rows) if diagnose else None)
-                 or _diagnose(o, ref, q, k, v, causal, scale, allowed, bad_rows, config))
+    cmp = compare(o, ref, lambda: max_abs(torch_attention(q, k, v, causal, scale).to(torch.float64) - ref),
+                  name="o", tag=tag, empty=empty[..., None])
+    if cmp.failure == "nonfinite":
+        cause = _nonfinite_cause(o.detach().to(torch.float64), cmp.nonfinite_rows, empty, q, k, causal, scale)
+        raise AttentionCheckError(f"{tag} NaN or inf in the output at {describe_rows(cmp.nonfinite_rows)}.\n"
+                                  f"  likely cause: {cause}")
+    if cmp.failure == "not_empty":
         raise AttentionCheckError(
-            f"{tag} wrong values: max|o - ref| = {max_err:.3g}, allowed {allowed:.3g} "
-            f"(twice PyTorch's own {str(q.dtype).replace('torch.', '')} error {torch_err:.2g}, "
-            f"plus {ABS_SLACK:g}); relative {rel:.3g} (must be < {REL_LIMIT:g}).\n"
-            f"  wrong at {_fmt_rows(bad_rows, Sq)}\n"
-            f"  worst element: b={b}, h={h}, row={i}, d={d}: got {float(o64[b, h, i, d]):.4g}, "
-            f"expected {float(ref[b, h, i, d]):.4g}\n"
-            f"  likely cause: {cause}")
-
+            f"{tag} rows that see no key must be exactly 0, but {describe_rows(cmp.not_empty_rows)} are not.\n"
+            "  likely cause: with Sq > Skv the first Sq - Skv rows are fully masked; write zeros "
+            "there (and lse = -inf) instead of a softmax over nothing")
+    if cmp.failure == "values":
+        cause = ((diagnose(o, cmp.bad_rows) if diagnose else None)
+                 or _diagnose(o, q, k, v, causal, scale, cmp.allowed, cmp.bad_rows))
+        raise cmp.error(cause, what="wrong values", index_names=("b", "h", "row", "d"))
     # Rule 4: not degenerate. With the inputs make_inputs draws, the reference is neither ≈ 0 nor
     # ≈ mean(V); a result within tolerance of the reference is therefore neither. Guard the premise.
-    if ref_max < 10 * allowed:
-        raise AttentionCheckError(f"{tag} the inputs are degenerate (max|ref| = {ref_max:.3g}); "
+    if cmp.ref_max < 10 * cmp.allowed:
+        raise AttentionCheckError(f"{tag} the inputs are degenerate (max|ref| = {cmp.ref_max:.3g}); "
                                   "draw them with facourse.make_inputs")
-
-    report = CheckReport(config, max_err, allowed, rel, torch_err, seed=seed)
-
+    report = CheckReport(config, cmp.max_err, cmp.allowed, cmp.rel, cmp.own, seed=seed)
     if lse is not None:
-        report.lse_max_err = _check_lse(lse, ref_lse, q, tag)
+        report.lse_max_err = check_lse(lse, ref_lse, q, tag)
     return report
 
 
@@ -313,29 +268,18 @@ def check_entry_point(fn, config: str | AttnConfig = "small", *, seed: int | Non
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = config if isinstance(config, AttnConfig) else get_config(config, device)
-    seed = secrets.randbits(31) if seed is None else seed
+    seed = draw_seed(seed)
     q, k, v = make_inputs(cfg, seed, device, dtype, layout)
     tag = f"[{cfg.name}]"
-    copies = [t.clone() for t in (q, k, v)]
     kwargs = {"causal": cfg.causal}
     if scale is not None:
         kwargs["scale"] = scale
-    with nan_filled_allocations(device), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn(q, k, v, **kwargs)
-    # nbgrader scores a test cell 0 when anything reaches stderr: report warnings on stdout.
-    for w in {str(w.message) for w in caught}:
-        print(f"note: the call raised a warning: {w}")
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-    for name, t, c in zip("qkv", (q, k, v), copies):
-        if not torch.equal(t, c):
-            raise AttentionCheckError(f"{tag} {name} was modified by the call: an attention function "
-                                      "must leave its inputs untouched")
-    o, lse = _normalise(result, expect_lse, tag)
+    result = guarded_call(fn, q, k, v, device=device, tag=tag, inputs={"q": q, "k": k, "v": v},
+                          untouched="an attention function must leave its inputs untouched", **kwargs)
+    o, lse = normalise_result(result, expect_lse, tag)
     report = check_attention(o, q, k, v, cfg.causal, scale, lse, config=cfg.describe(), seed=seed)
-    if verbose and not is_collecting():
-        print(report.summary())
+    if verbose:
+        say(report.summary())
     # Returns nothing on purpose: nbgrader reads a test cell's displayed value as partial credit.
 
 

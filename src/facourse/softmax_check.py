@@ -14,16 +14,15 @@ Like ``check_entry_point``, these functions print one line on success and return
 """
 from __future__ import annotations
 
-import math
-import secrets
-import warnings
 from dataclasses import replace
 
 import torch
 
-from .check import is_collecting, nan_filled_allocations
 from .configs import default_dtype, get_config, make_inputs, resolve_device
 from .reference import causal_mask, default_scale
+from .rule import (CheckError, Mistake, compare, describe_rows, draw_seed, expect_tensor, guarded_call,
+                   is_collecting, say)
+from .rule import diagnose as find_mistake
 
 #: Extra absolute slack over twice PyTorch's own error, per dtype (softmax values lie in [0, 1]).
 SLACK = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
@@ -52,7 +51,7 @@ MERGE_CASES = {
 }
 
 
-class SoftmaxCheckError(AssertionError):
+class SoftmaxCheckError(CheckError):
     """A softmax result that breaks the rule. The message teaches what went wrong."""
 
 
@@ -172,11 +171,52 @@ def _online_variant(x, block_size, bug):
                        torch.zeros_like(e))
 
 
-def _row_desc(bad: torch.Tensor, limit: int = 6) -> str:
-    """Which rows (of the tensor flattened to rows) are wrong."""
-    rows = torch.nonzero(bad.flatten()).flatten().tolist()
-    shown = ", ".join(str(r) for r in rows[:limit]) + (", …" if len(rows) > limit else "")
-    return f"{len(rows)} of {bad.numel()} rows (flattened row index {shown})"
+def _row_desc(bad: torch.Tensor) -> str:
+    """Which rows are wrong: by query row, head and batch for attention scores, else flattened."""
+    if bad.dim() == 3:
+        return describe_rows(bad)
+    return describe_rows(bad.reshape(-1), ("rows",))
+
+
+def _softmax_mistakes(x64, xd, x, dim, block_size, after_overflow: bool) -> list[Mistake]:
+    """The classic mistakes of a softmax whose output is finite (x64: x in float64, dim moved last): those
+    told before the overflow of large logits, or (``after_overflow``) after it, whose outputs (zeros) an
+    overflow also gives."""
+    def mistake(cause, fn):
+        return Mistake(cause, lambda: {"out": fn()}, frozenset({"out"}))
+
+    out = []
+    if block_size is not None and not after_overflow:
+        out += [
+            mistake("alpha rescale missing: when a block raises the running max from m_old to m_new, the "
+                    "sum so far was taken relative to m_old and must be rescaled, l = l * exp(m_old - "
+                    "m_new) + sum(exp(x_block - m_new)). Rows whose max comes after their first block "
+                    "are the wrong ones", lambda: _online_variant(x64, block_size, "no_alpha")),
+            mistake("alpha rescale missing in the merge: each block's sum l_j is relative to the block's own "
+                    "max m_j, and the running sum l to m_old; both must be brought to the new max before they "
+                    "are added, l = l * exp(m_old - m_new) + l_j * exp(m_j - m_new) (your merge_softmax_states)",
+                    lambda: _online_variant(x64, block_size, "no_alpha_own_max")),
+            mistake("the rescale has the wrong sign: alpha = exp(m_old - m_new) (<= 1), not exp(m_new - m_old)",
+                    lambda: _online_variant(x64, block_size, "alpha_sign")),
+        ]
+    naive = ("no max subtraction: the output matches exp(x) / sum(exp(x)) computed without subtracting the "
+             "row max, which loses precision here and overflows for large logits (exp(x) is inf above 88.7 "
+             "in float32 and above 11.1 in float16). Subtract the row max first: softmax(x) = softmax(x - max x)")
+    xm = x.detach().movedim(dim, -1)
+    if not after_overflow:
+        for dt in dict.fromkeys((torch.float32, xm.dtype)):     # computed in float32, or in x's own dtype
+            out.append(mistake(naive, lambda dt=dt: (lambda e: e / e.sum(dim=-1, keepdim=True))(torch.exp(xm.to(dt)))))
+        return out
+    out.append(mistake("the output is all zeros: was the result written back?", lambda: torch.zeros_like(x64)))
+    for other in range(x.dim()):
+        if other != dim % x.dim() and x.shape[other] > 1:
+            out.append(mistake(f"this is the softmax over dim {other}, not over dim {dim % x.dim()}: use the dim "
+                               "argument (max, sum and the division all along it)",
+                               lambda other=other: reference_softmax(xd, other).movedim(dim, -1)))
+    m = x64.amax(dim=-1, keepdim=True)
+    out.append(mistake("the output is exp(x - m), not divided by the row sum l: normalise, softmax = exp(x - m) / l",
+                       lambda: torch.exp(x64 - torch.where(torch.isneginf(m), torch.zeros_like(m), m))))
+    return out
 
 
 def _diagnose(x, out, dim, block_size, bad, tol):
@@ -221,37 +261,19 @@ def _diagnose(x, out, dim, block_size, bad, tol):
                     "(m, l) when it is merged. Guard the block's max as well: where it is -inf, subtract 0, "
                     "so the block's state is the empty state (m = -inf, l = 0)")
 
-    def close(alt):
-        return bool(((o64 - alt).abs() <= tol).all())
-
-    if block_size is not None and not nonfinite:
-        if close(_online_variant(x64, block_size, "no_alpha")):
-            return ("alpha rescale missing: when a block raises the running max from m_old to m_new, the "
-                    "sum so far was taken relative to m_old and must be rescaled, l = l * exp(m_old - "
-                    "m_new) + sum(exp(x_block - m_new)). Rows whose max comes after their first block "
-                    "are the wrong ones")
-        if close(_online_variant(x64, block_size, "no_alpha_own_max")):
-            return ("alpha rescale missing in the merge: each block's sum l_j is relative to the block's own "
-                    "max m_j, and the running sum l to m_old; both must be brought to the new max before they "
-                    "are added, l = l * exp(m_old - m_new) + l_j * exp(m_j - m_new) (your merge_softmax_states)")
-        if close(_online_variant(x64, block_size, "alpha_sign")):
-            return "the rescale has the wrong sign: alpha = exp(m_old - m_new) (<= 1), not exp(m_new - m_old)"
+    xd = x.detach().to(torch.float64)
+    student = {"out": out.detach().movedim(dim, -1)}
+    found = None if nonfinite else find_mistake(student, {"out"}, _softmax_mistakes(x64, xd, x, dim, block_size, False), tol)
+    if found is not None:
+        return found.cause
     finmax = torch.where(torch.isfinite(x64), x64.abs(), torch.zeros_like(x64)).amax(dim=-1)
     big = finmax > 80.0                 # exp(80) is inf in fp16 and near fp32's limit (exp(88.7))
     # exp overflowed: the wrong rows hold NaN/inf, or nothing (0 after nan_to_num), or the unsafe formula
     lost = (~torch.isfinite(o64)).any(dim=-1) | (o64.abs().amax(dim=-1) <= tol)
     with torch.no_grad():
-        xf = x.detach().movedim(dim, -1).float()
-        e = torch.exp(xf)
+        e = torch.exp(x.detach().movedim(dim, -1).float())
         naive = (e / e.sum(dim=-1, keepdim=True)).to(torch.float64)
     lost |= ((o64 - naive).abs() <= tol).all(dim=-1)
-    ref64 = reference_softmax(x.detach(), dim).movedim(dim, -1)
-    err_ref = float((o64 - ref64).nan_to_num(nan=1.0, posinf=1.0, neginf=1.0).abs().max())
-    err_naive = float((o64.nan_to_num(nan=0.0) - naive.nan_to_num(nan=0.0)).abs().max())
-    if not nonfinite and not bool(big.any()) and (err_naive <= tol or err_naive < 0.1 * err_ref):
-        return ("no max subtraction: the output matches exp(x) / sum(exp(x)) computed without subtracting the "
-                "row max, which loses precision here and overflows for large logits (exp(x) is inf above 88.7 "
-                "in float32 and above 11.1 in float16). Subtract the row max first: softmax(x) = softmax(x - max x)")
     if (bool(big.any()) and bool((bad_rows & big).any()) and not bool((bad_rows & ~big & ~all_inf).any())
             and bool(lost[bad_rows].all())):
         return ("no max subtraction: exp overflowed. Only the rows with logits in the hundreds are wrong; "
@@ -260,17 +282,9 @@ def _diagnose(x, out, dim, block_size, bad, tol):
     if nonfinite:
         return ("NaN or inf in the output: an element never written (new allocations are NaN-filled "
                 "here), a division 0/0, or exp() of a large number")
-    if close(torch.zeros_like(o64)):
-        return "the output is all zeros: was the result written back?"
-    xd = x.detach().to(torch.float64)
-    for other in range(x.dim()):
-        if other != dim % x.dim() and x.shape[other] > 1 and close(reference_softmax(xd, other).movedim(dim, -1)):
-            return (f"this is the softmax over dim {other}, not over dim {dim % x.dim()}: use the dim "
-                    "argument (max, sum and the division all along it)")
-    m = x64.amax(dim=-1, keepdim=True)
-    e = torch.exp(x64 - torch.where(torch.isneginf(m), torch.zeros_like(m), m))
-    if close(e):
-        return "the output is exp(x - m), not divided by the row sum l: normalise, softmax = exp(x - m) / l"
+    found = find_mistake(student, {"out"}, _softmax_mistakes(x64, xd, x, dim, block_size, True), tol)
+    if found is not None:
+        return found.cause
     sums = o64.sum(dim=-1)
     if bool((((sums - 1).abs() > 1e-2) & ~all_inf).any()):
         return ("rows do not sum to 1: the normaliser l must be the sum of exp(x - m) over the whole row, "
@@ -283,58 +297,31 @@ def _diagnose(x, out, dim, block_size, bad, tol):
 def check_softmax_result(out, x, dim=-1, *, label="custom", block_size=None, tag="[custom]"):
     """Check ``out`` against the float64 softmax of ``x`` along ``dim``; raise SoftmaxCheckError.
 
-    Returns (max error, tolerance) when it passes.
+    Returns (max error, tolerance) when it passes (zeros while collecting).
     """
     where = f"{tag} {label}:"
-    if is_collecting():
-        return 0.0, 0.0
-    if not isinstance(out, torch.Tensor):
-        raise SoftmaxCheckError(f"{where} the result must be a torch.Tensor, got {type(out).__name__}")
-    if tuple(out.shape) != tuple(x.shape):
-        raise SoftmaxCheckError(f"{where} the result has shape {tuple(out.shape)}; it must have x's shape "
-                                f"{tuple(x.shape)}")
-    if out.dtype != x.dtype:
-        raise SoftmaxCheckError(f"{where} the result has dtype {out.dtype}; it must have x's dtype {x.dtype} "
-                                "(compute in float32 if you like, then cast back)")
-    if out.device != x.device:
-        raise SoftmaxCheckError(f"{where} the result is on {out.device}; it must stay on {x.device}")
+    expect_tensor(out, x, name="the result", like_name="x", tag=where, error=SoftmaxCheckError,
+                  dtype_note=" (compute in float32 if you like, then cast back)")
     if x.numel() == 0:
         return 0.0, 0.0
-    o64 = out.detach().to(torch.float64)
-    ref = reference_softmax(x, dim)
-    torch_err = float((_torch_softmax(x, dim) - ref).abs().max())
-    tol = 2.0 * torch_err + SLACK[x.dtype]
-    nonfinite = ~torch.isfinite(o64)
-    err = (o64 - ref).abs().masked_fill(nonfinite, float("inf"))
-    bad = err > tol
-    if bad.any():
-        bad_rows = bad.movedim(dim, -1).any(dim=-1)
-        cause = _diagnose(x, out, dim, block_size, bad, tol)
-        if nonfinite.any():
-            what = f"NaN or inf in {_row_desc(nonfinite.movedim(dim, -1).any(dim=-1))}"
-        else:
-            flat = int(torch.argmax(err))
-            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
-            what = (f"wrong values in {_row_desc(bad_rows)}: max|out - ref| = {float(err.max()):.3g}, "
-                    f"allowed {tol:.3g} (twice PyTorch's own {str(x.dtype).replace('torch.', '')} error "
-                    f"{torch_err:.2g} plus {SLACK[x.dtype]:g}).\n"
-                    f"  worst element at index {idx}: got {float(o64[idx]):.6g}, expected {float(ref[idx]):.6g}")
-        raise SoftmaxCheckError(f"{where} {what}\n  likely cause: {cause}")
-    return float(err.max()), tol
+    cmp = compare(out, lambda: reference_softmax(x, dim),
+                  lambda: float((_torch_softmax(x, dim) - reference_softmax(x, dim)).abs().max()),
+                  name="out", tag=where, slack=SLACK.get(x.dtype, 0.0), rel_limit=None, row_dim=dim)
+    if cmp.ok:
+        return cmp.max_err, cmp.allowed
+    rows = cmp.bad_rows
+    cause = _diagnose(x, out, dim, block_size, cmp.bad, cmp.allowed)
+    if cmp.failure == "nonfinite":
+        raise SoftmaxCheckError(f"{where} NaN or inf in {_row_desc(cmp.nonfinite_rows)}\n  likely cause: {cause}")
+    raise cmp.error(cause, what="wrong values", where=_row_desc(rows), error=SoftmaxCheckError)
 
 
 def _call(fn, x, dim, block_size, where):
-    copy = x.clone()
-    with nan_filled_allocations(x.device), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = fn(x, block_size) if block_size is not None else fn(x, dim=dim)
-    # nbgrader scores a test cell 0 when anything reaches stderr: report warnings on stdout.
-    for w in {str(w.message) for w in caught}:
-        print(f"note: the call raised a warning: {w}")
-    if not torch.equal(torch.nan_to_num(x), torch.nan_to_num(copy)) or not torch.equal(x.isnan(), copy.isnan()):
-        raise SoftmaxCheckError(f"{where} x was modified by the call: a softmax must leave its input "
-                                "untouched (no in-place sub_/exp_/div_ on x)")
-    return out
+    args = (x, block_size) if block_size is not None else (x,)
+    kwargs = {} if block_size is not None else {"dim": dim}
+    return guarded_call(fn, *args, device=x.device, tag=where, inputs={"x": x}, error=SoftmaxCheckError,
+                        untouched="a softmax must leave its input untouched (no in-place sub_/exp_/div_ on x)",
+                        **kwargs)
 
 
 def check_softmax_fn(fn, case: str = "small", *, block_size: int | None = None, seed: int | None = None,
@@ -345,7 +332,7 @@ def check_softmax_fn(fn, case: str = "small", *, block_size: int | None = None, 
     over the last dim (online_softmax). ``dtype`` overrides the case's default (fp16 on a GPU, fp32 on
     a CPU; some cases fix their own). Prints one line on success, raises SoftmaxCheckError otherwise.
     """
-    seed = secrets.randbits(31) if seed is None else int(seed)
+    seed = draw_seed(seed)
     tag = f"[{case}" + (f", block_size={block_size}" if block_size is not None else "") + f"] (seed {seed})"
     inputs = case_inputs(case, seed, device, dtype)
     if block_size is not None:
@@ -358,8 +345,8 @@ def check_softmax_fn(fn, case: str = "small", *, block_size: int | None = None, 
         out = _call(fn, x, dim, block_size, f"{tag} {label}:")
         err, _ = check_softmax_result(out, x, dim, label=label, block_size=block_size, tag=tag)
         worst = max(worst, err)
-    if verbose and not is_collecting():
-        print(f"{tag} passed: {len(inputs)} input(s), max|out - ref| {worst:.2e}")
+    if verbose:
+        say(f"{tag} passed: {len(inputs)} input(s), max|out - ref| {worst:.2e}")
 
 
 # ----------------------------------------------------------------------------- the merge check
@@ -394,7 +381,7 @@ def check_merge_fn(fn, case: str = "random", *, seed: int | None = None, device=
     A state (m, l) of a block of logits is its max m and l = sum exp(x - m); an empty block has
     m = -inf, l = 0. The merge of the states of two blocks must be the state of their union.
     """
-    seed = secrets.randbits(31) if seed is None else int(seed)
+    seed = draw_seed(seed)
     tag = f"[merge {case}] (seed {seed})"
     x, split = _merge_inputs(case, seed, device)
     x32 = x.float()
@@ -404,14 +391,9 @@ def check_merge_fn(fn, case: str = "random", *, seed: int | None = None, device=
         return m.float(), l.float()
 
     def merge(a, b, what):
-        copies = [t.clone() for t in (*a, *b)]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            res = fn(a[0], a[1], b[0], b[1])
-        for w in {str(w.message) for w in caught}:
-            print(f"note: the call raised a warning: {w}")
-        if not all(torch.equal(t, c) for t, c in zip((*a, *b), copies)):
-            raise SoftmaxCheckError(f"{tag} {what}: an input was modified by the call")
+        res = guarded_call(fn, a[0], a[1], b[0], b[1], tag=f"{tag} {what}:", nan_fill=False,
+                           inputs={"m_a": a[0], "l_a": a[1], "m_b": b[0], "l_b": b[1]}, error=SoftmaxCheckError,
+                           untouched="a merge must leave its inputs untouched")
         if not (isinstance(res, (tuple, list)) and len(res) == 2 and all(isinstance(t, torch.Tensor) for t in res)):
             raise SoftmaxCheckError(f"{tag} {what}: the merge must return a pair of tensors (m, l)")
         m, l = res
@@ -479,5 +461,5 @@ def check_merge_fn(fn, case: str = "random", *, seed: int | None = None, device=
             level = nxt + ([level[-1]] if len(level) % 2 else [])
         compare(level[0], want, (level[0], level[0]), f"tree merge of {len(states)} blocks (associativity)")
         n = int(want[0].numel())
-    if verbose and not is_collecting():
-        print(f"{tag} passed: {n} rows")
+    if verbose:
+        say(f"{tag} passed: {n} rows")
