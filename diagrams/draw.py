@@ -37,7 +37,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)          # the figure modules beside this file
-from figstyle import save as _save  # noqa: E402
+from figstyle import blank, canvas, save as _save  # noqa: E402
 
 # --- hardware table --------------------------------------------------------------------------
 GPUS = {
@@ -70,10 +70,7 @@ def _arrow(ax, p, q, color="black", lw=1.5, style="-|>", ms=12, ls="-", rad=0.0)
 
 # --- 1. memory hierarchy ---------------------------------------------------------------------
 def memory_hierarchy(out):
-    fig, ax = plt.subplots(figsize=(10, 5.4))
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 5.6)
-    ax.axis("off")
+    fig, ax = canvas((10, 5.4), (0, 10), (0, 5.6))
     levels = [  # (name, scope, color, width)
         ("Registers", "per thread (<= 255 x 32-bit)\n256 KB per SM", C["reg"], 2.2),
         ("Shared memory (SMEM)", "per block, on chip\nprogrammer-managed", C["smem"], 3.0),
@@ -199,11 +196,7 @@ def roofline(out):
 
 # --- 3. tiling grid --------------------------------------------------------------------------
 def tiling_grid(out):
-    fig, ax = plt.subplots(figsize=(9, 6))
-    ax.set_xlim(-3.4, 9.2)
-    ax.set_ylim(-1.2, 8.3)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    fig, ax = canvas((9, 6), (-3.4, 9.2), (-1.2, 8.3), equal=True)
     Tr, Tc = 4, 6
     # S grid: rows are Q tiles (Br each), columns are K tiles (Bc each)
     for i in range(Tr):
@@ -257,10 +250,7 @@ def tiling_grid(out):
 
 # --- 4. online softmax update ----------------------------------------------------------------
 def online_softmax_update(out):
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 4.8)
-    ax.axis("off")
+    fig, ax = canvas((10, 4.8), (0, 10), (0, 4.8))
     _box(ax, 0.2, 2.6, 2.3, 1.5, "", "#e8f1fb")
     ax.text(1.35, 3.35, "running state\n" + r"$m_{\rm old}$ (max so far)" + "\n"
             + r"$\ell_{\rm old}$ (sum of $e^{x-m_{\rm old}}$)" + "\n" + r"$O_{\rm old}$ (unnormalized)",
@@ -295,11 +285,7 @@ def online_softmax_update(out):
 
 # --- 5. Triton program-id mapping ------------------------------------------------------------
 def triton_program_id(out):
-    fig, ax = plt.subplots(figsize=(10, 5.6))
-    ax.set_xlim(-1.6, 15.2)
-    ax.set_ylim(-2.2, 9.0)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    fig, ax = canvas((10, 5.6), (-1.6, 15.2), (-2.2, 9.0), equal=True)
     Tm, B, H = 8, 2, 4  # Q tiles, batch, heads (kept small to draw)
     BH = B * H
     sel = (6, 5)  # (pid_m, pid_bh)
@@ -406,12 +392,9 @@ def causal_tiles(out):
 
 # --- 7. GQA head sharing ---------------------------------------------------------------------
 def gqa_heads(out):
-    fig, ax = plt.subplots(figsize=(9.5, 3.8))
     Hq, Hkv = 8, 2
     g = Hq // Hkv
-    ax.set_xlim(-1.6, Hq + 0.5)
-    ax.set_ylim(-0.9, 3.4)
-    ax.axis("off")
+    fig, ax = canvas((9.5, 3.8), (-1.6, Hq + 0.5), (-0.9, 3.4))
     pal = ["#4a90d9", "#e67e22", "#27ae60", "#8e44ad"]
     for h in range(Hq):
         _box(ax, h + 0.08, 2.2, 0.84, 0.7, f"q head {h}", pal[h // g], fs=8.5, tc="white", alpha=0.85)
@@ -432,10 +415,7 @@ def gqa_heads(out):
 
 # --- 8. six HBM trips of vanilla attention ---------------------------------------------------
 def hbm_trips_vanilla(out):
-    fig, ax = plt.subplots(figsize=(10.5, 4.8))
-    ax.set_xlim(0, 10.5)
-    ax.set_ylim(0, 5.0)
-    ax.axis("off")
+    fig, ax = canvas((10.5, 4.8), (0, 10.5), (0, 5.0))
     ax.add_patch(Rectangle((0.2, 0.3), 10.1, 0.9, fc=C["hbm"], alpha=0.25, ec=C["hbm"]))
     ax.text(0.35, 0.75, "HBM", fontsize=11, weight="bold", va="center", color=C["hbm"])
     ax.add_patch(Rectangle((0.2, 3.3), 10.1, 1.1, fc=C["smem"], alpha=0.18, ec=C["smem"]))
@@ -468,10 +448,7 @@ def loop_order(out):
     fig, axs = plt.subplots(1, 2, figsize=(10, 4.2))
     Tr, Tc = 4, 4
     for ax, fa2 in zip(axs, (False, True)):
-        ax.set_xlim(-0.3, Tc + 0.3)
-        ax.set_ylim(-0.9, Tr + 0.6)
-        ax.set_aspect("equal")
-        ax.axis("off")
+        blank(ax, (-0.3, Tc + 0.3), (-0.9, Tr + 0.6), equal=True)
         for i in range(Tr):
             for j in range(Tc):
                 order = (i * Tc + j) if fa2 else (j * Tr + i)

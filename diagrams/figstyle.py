@@ -1,5 +1,5 @@
-"""What every figure of diagrams/ shares: the resolution, the ink colour and how a figure is saved
-(white, cropped to its content, no software stamp: the same inputs give the same bytes)."""
+"""What every figure of diagrams/ shares: the resolution, the ink colour, a blank drawing board and how
+a figure is saved (white, cropped to its content, no software stamp: the same inputs give the same bytes)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 DPI = 110
 INK = "#222222"
+
+
+def blank(ax, xlim, ylim, equal=False):
+    """``ax`` as a drawing board: no frame or ticks, x in ``xlim``, y in ``ylim``, equal units if ``equal``."""
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    if equal:
+        ax.set_aspect("equal")
+    ax.axis("off")
+    return ax
+
+
+def canvas(figsize, xlim, ylim, equal=False):
+    """A figure of one :func:`blank` axes: (fig, ax)."""
+    fig, ax = plt.subplots(figsize=figsize)
+    return fig, blank(ax, xlim, ylim, equal)
 
 
 def save(fig, name, out):

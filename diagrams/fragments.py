@@ -18,6 +18,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:                        # figstyle beside this file, also when a test imports it
+    sys.path.insert(0, HERE)
+from figstyle import blank, canvas  # noqa: E402
+
 DPI = 110
 
 
@@ -79,9 +83,7 @@ def _owner_maps():
 def mma_m16n8k16_fragments(out):
     """Which lane holds which element of A (16x16), B (16x8) and C (16x8) for mma m16n8k16."""
     a, b, c = _owner_maps()
-    fig, ax = plt.subplots(figsize=(13, 6.2))
-    ax.set_aspect("equal")
-    ax.axis("off")
+    fig, ax = canvas((13, 6.2), (-0.5, 36.5), (-3.2, 17.8), equal=True)
     _grid(ax, 16, 16, lambda r, col: (a[(r, col)][0], f"T{a[(r, col)][0]}\na{a[(r, col)][1]}"),
           "A  (16 x 16, row-major): a0..a7 in 4 registers", 0, 0)
     _grid(ax, 16, 8, lambda r, col: (b[(r, col)][0], f"T{b[(r, col)][0]}\nb{b[(r, col)][1]}"),
@@ -95,8 +97,6 @@ def mma_m16n8k16_fragments(out):
     ax.text(18, -2.6, "The C fragment of S = Q K^T for keys 16kk..16kk+15 (two n-blocks) has exactly the "
             "layout of the A fragment of P for k-step kk: P never leaves the registers.",
             ha="center", fontsize=8.5, color="#8b0000")
-    ax.set_xlim(-0.5, 36.5)
-    ax.set_ylim(-3.2, 17.8)
     return _save(fig, "mma_m16n8k16_fragments", out)
 
 
@@ -104,8 +104,7 @@ def ldmatrix_x4(out):
     """ldmatrix.x4 (and .trans): which lanes give row addresses and what each lane receives."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.4))
     for ax, trans in zip(axes, (False, True)):
-        ax.set_aspect("equal")
-        ax.axis("off")
+        blank(ax, (-1.5, 18), (-0.5, 19.5), equal=True)
         owner = {}
         for lane in range(32):
             for j in range(2):
@@ -120,8 +119,6 @@ def ldmatrix_x4(out):
                      ("\nlane L receives row L/4, columns 2(L%4), 2(L%4)+1" if not trans else
                       "\nlane L receives column L/4, rows 2(L%4), 2(L%4)+1 (a B fragment of row-major V)"),
                      fontsize=9)
-        ax.set_xlim(-1.5, 18)
-        ax.set_ylim(-0.5, 19.5)
     fig.tight_layout()
     return _save(fig, "ldmatrix_x4", out)
 
@@ -130,8 +127,7 @@ def swizzle_banks(out):
     """Padding-free XOR swizzle: chunk c of row r is stored at chunk c ^ (r % 8)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     for ax, swz in zip(axes, (False, True)):
-        ax.set_aspect("equal")
-        ax.axis("off")
+        blank(ax, (-0.2, 8.2), (-1, 8.2), equal=True)
         for r in range(8):
             for c in range(8):
                 phys = c ^ r if swz else c
@@ -143,8 +139,6 @@ def swizzle_banks(out):
                       if swz else "row-major, 256-byte rows\nldmatrix of chunk 0: 8 rows, same 4 banks (8-way conflict)"),
                      fontsize=9)
         ax.text(4, -0.6, "16-byte chunk position within a 128-byte line (4 banks each)", ha="center", fontsize=8)
-        ax.set_xlim(-0.2, 8.2)
-        ax.set_ylim(-1, 8.2)
     fig.tight_layout()
     return _save(fig, "swizzle_banks", out)
 
