@@ -22,7 +22,7 @@ PLANTED = {
                               "w = tl.where(lse_s == float('-inf'), 0.0, 1.0)", "test_mixed", "the merge of the splits"),
     "page_not_from_table": ("split_kernel",
                             "page = tl.load(TABLE + b.to(tl.int64) * stb + offs_n // page_size, mask=inside, other=0)",
-                            "page = (offs_n // page_size + 0 * b)", "test_mixed", "block_table[b, t // page_size]"),
+                            "page = (offs_n // page_size + 0 * b)", "test_mixed", "the block table is ignored"),
     "gqa_mapping": ("split_kernel", "head = kvh * G + rows // SQ", "head = kvh + (rows // SQ) * (Hq // G)",
                     "test_mixed", "the query heads map to the wrong KV head"),
     "empty_sequence_nan": ("merge_kernel", "safe = tl.where(total == 0.0, 1.0, total)", "safe = total",
@@ -30,6 +30,10 @@ PLANTED = {
     "last_page_dropped": ("split_kernel", "end = tl.minimum(start + split_len, L)",
                           "end = tl.minimum(start + split_len, (L // page_size) * page_size)", "test_mixed",
                           "the last, partial page is skipped"),
+    # the keys loaded up to the end of the last page, not to seq_len: NaN from the rows past the last token
+    "last_page_unmasked": ("split_kernel", "end = tl.minimum(start + split_len, L)",
+                           "end = tl.minimum(start + split_len, tl.cdiv(L, page_size) * page_size)", "test_mixed",
+                           "a last page is read past seq_len"),
     "no_validation": ("launch", "    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale)\n", "",
                       "test_bad_inputs", "validate_paged_inputs"),
 }

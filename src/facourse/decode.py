@@ -13,7 +13,7 @@ The entry point is ``paged_decode(q, k_cache, v_cache, block_table, seq_lens, sc
 * causal is bottom-right per sequence: query ``i`` of sequence ``b`` sees keys
   ``j <= i + seq_lens[b] - Sq`` (docs/DESIGN.md, "Tensor contract").
 
-The check applies the course's correctness rule (``facourse.check``) to each sequence. The inputs
+The check applies the course's correctness rule (``facourse.rule``) to each sequence. The inputs
 are built to expose the classic faults: pages are shuffled and some are shared between sequences
 (a prefix), the rows of a last page past ``seq_len``, the pages no sequence owns and the padding
 entries of the block table all hold NaN, so a load that is not masked shows as NaN.
@@ -24,20 +24,18 @@ rate at which K and V are read (GB/s): decode is bound by memory, not by FLOPs.
 from __future__ import annotations
 
 import math
-import secrets
 import statistics
-import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from .bench import BenchResult
-from .check import (ABS_SLACK, REL_LIMIT, AttentionCheckError, _check_lse, is_collecting,
-                    nan_filled_allocations)
 from .configs import default_dtype, resolve_device
 from .hw import gpu_name, require_gpu
 from .reference import AttentionInputError, default_scale, kv_head_index
+from .rule import (ABS_SLACK, REL_LIMIT, AttentionCheckError, Mistake, check_lse, compare, describe_rows,
+                   diagnose, draw_seed, guarded_call, is_collecting, make_tag, max_abs, say)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -207,31 +205,34 @@ def gather_kv(k_cache, v_cache, block_table, seq_lens, b: int):
     return k.transpose(0, 1), v.transpose(0, 1)
 
 
-def _attend(q, k, v, scale, dtype, head_map=None, align="bottom_right"):
-    """One sequence: q [Hq, Sq, D], k, v [Hkv, L, D] -> o [Hq, Sq, D], lse [Hq, Sq] in ``dtype``."""
+def _attend(q, k, v, scale, dtype, head_map=None, align="bottom_right", L=None):
+    """One sequence: q [Hq, Sq, D], k, v [Hkv, n, D] -> o [Hq, Sq, D], lse [Hq, Sq] in ``dtype``; keys
+    from ``L`` on (the sequence's length, n by default) are loaded but masked."""
     Hq, Sq, _ = q.shape
-    Hkv, L, _ = k.shape
+    Hkv, n, _ = k.shape
+    L = n if L is None else L
     idx = (kv_head_index(Hq, Hkv) if head_map is None else head_map).to(q.device)
     qd, kd, vd = q.to(dtype), k.to(dtype).index_select(0, idx), v.to(dtype).index_select(0, idx)
-    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale                       # [Hq, Sq, L]
-    if align is not None:
-        i = torch.arange(Sq, device=q.device)[:, None]
-        j = torch.arange(L, device=q.device)[None, :]
-        visible = j <= i + (L - Sq) if align == "bottom_right" else j <= i
+    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale                       # [Hq, Sq, n]
+    i = torch.arange(Sq, device=q.device)[:, None]
+    j = torch.arange(n, device=q.device)[None, :]
+    if align is not None or L < n:
+        visible = (j <= i + (L - Sq) if align == "bottom_right" else j <= i if align == "top_left" else j >= 0) & (j < L)
         s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1) if L else torch.full((Hq, Sq), float("-inf"), dtype=dtype, device=q.device)
+    lse = torch.logsumexp(s, dim=-1) if n else torch.full((Hq, Sq), float("-inf"), dtype=dtype, device=q.device)
     p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
     return torch.matmul(p, vd), lse
 
 
 def paged_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, *, dtype=None,
-                    head_map=None, align="bottom_right", table=None, lens=None):
+                    head_map=None, align="bottom_right", table=None, lens=None, keys_to=None):
     """Paged decode computed plainly, one sequence at a time: ``(o, lse)`` with ``o`` in ``dtype``
     (float64 on a CPU, float32 on a GPU) and ``lse`` float32 ``[B, Hq, Sq]``.
 
     ``head_map``, ``align`` (``"bottom_right"``, ``"top_left"`` or None), ``table`` and ``lens``
-    replace the rule's head mapping, causal alignment, block table and lengths: the check computes
-    the classic mistakes with them, to name the one a wrong result matches."""
+    replace the rule's head mapping, causal alignment, block table and lengths loaded; ``keys_to``
+    (lengths) masks the keys loaded past them: the check computes the classic mistakes with them, to
+    name the one a wrong result matches."""
     B, Hq, Sq, D = q.shape
     if dtype is None:
         dtype = torch.float32 if q.device.type == "cuda" else torch.float64
@@ -240,7 +241,7 @@ def paged_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, *, d
     outs, lses = [], []
     for b in range(B):
         k, v = gather_kv(k_cache, v_cache, table, seq_lens if lens is None else lens, b)
-        o, lse = _attend(q[b], k, v, scale, dtype, head_map, align)
+        o, lse = _attend(q[b], k, v, scale, dtype, head_map, align, None if keys_to is None else int(keys_to[b]))
         outs.append(o)
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses).float()
@@ -349,47 +350,89 @@ def validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale=None
 
 
 # ----------------------------------------------------------------------------- the check
-def _seq_list(idx) -> str:
-    idx = sorted(set(idx))
-    return ", ".join(map(str, idx[:8])) + (f" and {len(idx) - 8} more" if len(idx) > 8 else "")
+LABELS = ("sequences", "query heads", "query rows")
 
 
-def _variants(inp: PagedInputs, scale, ref_dtype):
-    """The results of the classic mistakes, as (cause, o) pairs."""
+def _where(bad: torch.Tensor, lens: list) -> str:
+    """The one describer of a paged result: where ``bad [B, Hq, Sq]`` holds, and the wrong sequences' lengths."""
+    seqs = torch.nonzero(bad.any(dim=(1, 2))).flatten().tolist()
+    shown = ", ".join(f"{b}: {lens[b]}" for b in seqs[:6]) + (f" and {len(seqs) - 6} more" if len(seqs) > 6 else "")
+    return f"{describe_rows(bad, LABELS)} (seq_len of each: {shown})"
+
+
+def _mistakes(inp: PagedInputs, scale, ref_dtype) -> list[Mistake]:
+    """The classic mistakes of a paged decode, each with the output it gives on these inputs (NaN where
+    it reads a row no sequence owns)."""
     q, kc, vc, table, lens = inp
     B, Hq, Sq, D = q.shape
     Hkv, ps = kc.shape[2], kc.shape[1]
+
+    def paged(**kw):
+        s = kw.pop("scale", scale)
+        return lambda: {"o": paged_reference(q, kc, vc, table, lens, s, dtype=ref_dtype, **kw)[0]}
+
     out = []
+    partial = (lens % ps != 0) & (lens > 0)
+    if bool(partial.any()):
+        whole = -(-lens // ps) * ps
+        out.append(Mistake(
+            "a last page is read past seq_len: its rows after the sequence's last token hold NaN here (as any "
+            "stale data in a real cache), and a key that is loaded unmasked spoils the row even where its "
+            "score is masked (0 * NaN in P V). Load K and V with the mask (key index < seq_len) and other=0.0, "
+            "not (key index < the end of its page)", paged(lens=whole, keys_to=lens)))
+    out.append(Mistake(
+        "the block table is ignored: logical page p of a sequence was read from physical page p. Pages are "
+        "shuffled and shared: token t of sequence b lives in row t % page_size of page "
+        "block_table[b, t // page_size]", paged(table=torch.arange(table.shape[1], dtype=table.dtype,
+                                                                   device=table.device).expand_as(table))))
     if Hkv < Hq and Hkv > 1:
-        out.append(("the query heads map to the wrong KV head: query head h reads KV head h // (Hq // Hkv) "
-                    "(the heads of a group are consecutive), not h % Hkv",
-                    dict(head_map=torch.arange(Hq) % Hkv)))
+        out.append(Mistake("the query heads map to the wrong KV head: query head h reads KV head h // (Hq // Hkv) "
+                           "(the heads of a group are consecutive), not h % Hkv",
+                           paged(head_map=torch.arange(Hq) % Hkv)))
     short = (lens // ps) * ps
     if bool((short != lens).any()):
-        out.append(("the last, partial page is skipped: a sequence has ceil(seq_len / page_size) pages; "
-                    "count the pages with a rounding-up division and mask the rows past seq_len",
-                    dict(lens=short)))
+        out.append(Mistake("the last, partial page is skipped: a sequence has ceil(seq_len / page_size) pages; "
+                           "count the pages with a rounding-up division and mask the rows past seq_len",
+                           paged(lens=short)))
     if Sq > 1:
-        out.append(("the new query tokens do not mask each other: with Sq > 1, query i sees keys "
-                    "j <= i + seq_len - Sq (bottom-right causal)", dict(align=None)))
-        out.append(("the causal mask is aligned top-left (j <= i): the Sq query tokens are the *last* Sq "
-                    "tokens of the sequence, so query i sees keys j <= i + seq_len - Sq", dict(align="top_left")))
-    out.append(("the scores are not scaled: S = scale * q k^T with scale = 1/sqrt(D) by default", dict(scale=1.0)))
-    for cause, kw in out:
-        s = kw.pop("scale", scale)
-        try:
-            o, _ = paged_reference(q, kc, vc, table, lens, s, dtype=ref_dtype, **kw)
-        except Exception:
-            continue
-        yield cause, o
+        out.append(Mistake("the new query tokens do not mask each other: with Sq > 1, query i sees keys "
+                           "j <= i + seq_len - Sq (bottom-right causal)", paged(align=None)))
+        out.append(Mistake("the causal mask is aligned top-left (j <= i): the Sq query tokens are the *last* Sq "
+                           "tokens of the sequence, so query i sees keys j <= i + seq_len - Sq",
+                           paged(align="top_left")))
+    out.append(Mistake("the scores are not scaled: S = scale * q k^T with scale = 1/sqrt(D) by default",
+                       paged(scale=1.0)))
+    return out
+
+
+NAN_CAUSE = ("the K/V rows past seq_len, the padding entries of the block table and the pages no sequence owns "
+             "all hold NaN here: a load that is not masked, or a page that is not block_table[b, t // page_size], "
+             "reads them. Mask K and V loads with (key index < seq_len) and other=0.0, find token t in row "
+             "t % page_size of page block_table[b, t // page_size], and never follow a block-table entry past the "
+             "sequence's last page")
+EMPTY_CAUSE = ("these rows see no key (an empty sequence, or fewer tokens than Sq - i): o must be 0 and lse -inf. "
+               "Guard the division by l when l == 0, and exp(m_old - m_new) while m is -inf; a merge of splits that "
+               "all saw no key must give 0, not 0/0")
+
+
+def _by_length(bad: torch.Tensor, L: list) -> str | None:
+    """A merge fault shows only past one split: every short sequence right and every longer one wrong."""
+    ok = [L[b] for b in range(len(L)) if not bool(bad[b].any()) and L[b] > 0]
+    wrong = [L[b] for b in range(len(L)) if bool(bad[b].any())]
+    if ok and wrong and min(wrong) > max(ok):
+        return (f"sequences up to {max(ok)} tokens are right and longer ones wrong: the part that only long "
+                "sequences use is at fault, most likely the merge of the splits (each partial O must be rescaled "
+                "by exp(m_split - m) before the sum, and divided by the merged l) or the loop over a split's pages")
+    return None
 
 
 def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "custom",
                        seed: int | None = None) -> dict:
-    """Check ``(o, lse)`` computed from paged inputs against the reference, sequence by sequence.
+    """Check ``(o, lse)`` computed from paged inputs against the reference, sequence by sequence, with the
+    course's rule (``facourse.rule.compare``: PyTorch's own rounding of each sequence is its yardstick).
 
     Raises :class:`AttentionCheckError` with a teaching message; returns error figures otherwise."""
-    tag = f"[{config}]" + ("" if seed is None else f" (seed {seed})")
+    tag = make_tag(config, seed)
     if is_collecting():
         return {}
     q, kc, vc, table, lens = inp
@@ -405,67 +448,44 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
             raise AttentionCheckError(f"{tag} {name} is on {t.device}; it must stay on {q.device}")
     scale_v = default_scale(D, scale)
     ref, ref_lse = paged_reference(q, kc, vc, table, lens, scale)
-    o64 = o.detach().to(ref.dtype)
     L = lens.tolist()
-    empty = torch.isneginf(ref_lse)                                     # [B, Hq, Sq]
-
-    def seqs(mask_bhs) -> str:
-        bs = torch.nonzero(mask_bhs.any(dim=(1, 2))).flatten().tolist()
-        return ", ".join(f"{b} (seq_len {L[b]})" for b in bs[:6]) + (f" and {len(bs) - 6} more" if len(bs) > 6 else "")
-
-    nonfinite = ~torch.isfinite(o64).all(dim=-1)
+    empty = torch.isneginf(ref_lse)[..., None]                          # [B, Hq, Sq, 1]
+    # the rule, sequence by sequence: each within twice PyTorch's own rounding of that sequence
+    cmps = [compare(o[b], ref[b], lambda b=b: max_abs(_torch_rounding(q, kc, vc, table, lens, scale_v, b).to(ref.dtype)
+                                                      - ref[b]),
+                    name="o", tag=tag, empty=empty[b], rel_limit=None) for b in range(B)]
+    top = max(max_abs(ref), 1e-30)
+    nonfinite = torch.stack([c.nonfinite_rows for c in cmps])
+    bad = torch.stack([c.bad_rows for c in cmps])
+    allowed = torch.tensor([c.allowed for c in cmps], dtype=torch.float64)
+    err = torch.tensor([c.max_err for c in cmps], dtype=torch.float64)
+    worst = float(err.max())
+    if worst / top >= REL_LIMIT:                  # 1% of the batch's largest reference value
+        err_rows = (o.detach().to(ref.dtype) - ref).abs().amax(-1).nan_to_num(0.0)
+        bad = bad | (err_rows >= REL_LIMIT * top)
+    if not bad.any():
+        lse_err = check_lse(lse, ref_lse, q, tag, labels=LABELS)
+        b = int(torch.argmax(err / allowed))                            # the sequence closest to its limit
+        return {"max_abs_err": float(err[b]), "allowed": float(allowed[b]), "seq": b, "lse_err": lse_err}
+    found = diagnose({"o": o}, {"o"}, _mistakes(inp, scale, ref.dtype), float(allowed.max()))
     if nonfinite.any():
-        if bool((nonfinite & ~empty).sum() == 0):
-            cause = ("these rows see no key (an empty sequence, or fewer tokens than Sq - i): o must be 0 and "
-                     "lse -inf. Guard the division by l when l == 0, and exp(m_old - m_new) while m is -inf; a "
-                     "merge of splits that all saw no key must give 0, not 0/0")
-        else:
-            cause = ("the K/V rows past seq_len, the padding entries of the block table and the pages no "
-                     "sequence owns all hold NaN here: a load that is not masked, or a page that is not "
-                     "block_table[b, t // page_size], reads them. Mask K and V loads with (key index < seq_len) "
-                     "and other=0.0, find token t in row t % page_size of page block_table[b, t // page_size], "
-                     "and never follow a block-table entry past the sequence's last page")
-        raise AttentionCheckError(f"{tag} o has NaN or inf in sequences {seqs(nonfinite)}.\n  likely cause: {cause}")
-    if bool((o64.abs().amax(-1)[empty] > 0).any()):
+        only_empty = not bool((nonfinite & ~empty[..., 0]).any())
+        cause = found.cause if found else EMPTY_CAUSE if only_empty else NAN_CAUSE
+        raise AttentionCheckError(f"{tag} o has NaN or inf at {_where(nonfinite, L)}.\n  likely cause: {cause}")
+    not_empty = torch.stack([c.not_empty_rows for c in cmps])
+    if not_empty.any():
         hint = (" With Sq > 1 the new tokens are the last Sq of the sequence (bottom-right causal): query i of a "
                 "sequence of seq_len L sees keys j <= i + L - Sq, so rows i < Sq - L see none") if Sq > 1 else ""
-        raise AttentionCheckError(f"{tag} rows that see no key must be exactly 0 (lse -inf), in sequences "
-                                  f"{seqs(empty & (o64.abs().amax(-1) > 0))}.{hint}")
-    # Rule 2 and 3, per sequence: twice PyTorch's own rounding, 1% of the largest reference value.
-    err = (o64 - ref).abs().amax(-1)                                    # [B, Hq, Sq]
-    allowed = torch.empty(B, dtype=torch.float64)
-    for b in range(B):
-        t = _torch_rounding(q, kc, vc, table, lens, scale_v, b).to(ref.dtype)
-        allowed[b] = 2 * float((t - ref[b]).abs().max()) + ABS_SLACK
-    top = float(ref.abs().max()) or 1.0
-    bad = (err > allowed.to(err.device)[:, None, None]) | (err / top >= REL_LIMIT)
-    if bad.any():
-        worst = float(err.max())
-        heads = torch.nonzero(bad.any(dim=(0, 2))).flatten().tolist()
-        cause = None
-        for why, alt in _variants(inp, scale, ref.dtype):
-            if float((o64 - alt.to(o64)).abs().max()) < 0.1 * worst:
-                cause = why
-                break
-        if cause is None:
-            ok = [L[b] for b in range(B) if not bool(bad[b].any()) and L[b] > 0]
-            wrong = [L[b] for b in range(B) if bool(bad[b].any())]
-            if ok and wrong and min(wrong) > max(ok):
-                cause = (f"sequences up to {max(ok)} tokens are right and longer ones wrong: the part that only "
-                         "long sequences use is at fault, most likely the merge of the splits (each partial O "
-                         "must be rescaled by exp(m_split - m) before the sum, and divided by the merged l) or "
-                         "the loop over a split's pages")
-            else:
-                cause = ("compare one wrong sequence with facourse.decode.paged_reference: check the page lookup "
-                         "(block_table[b, t // page_size], row t % page_size), the GQA head mapping, the scale "
-                         "and the merge of the splits")
-        raise AttentionCheckError(
-            f"{tag} o is off by up to {worst:.3g} (allowed {float(allowed.max()):.3g}) in sequences {seqs(bad)}, "
-            f"query heads {_seq_list(heads)}.\n  likely cause: {cause}")
-    lse_err = _check_lse(lse, ref_lse, q, tag)
-    per_seq = err.amax(dim=(1, 2)).cpu()
-    worst = int(torch.argmax(per_seq / allowed))                          # the sequence closest to its limit
-    return {"max_abs_err": float(per_seq[worst]), "allowed": float(allowed[worst]), "seq": worst, "lse_err": lse_err}
+        raise AttentionCheckError(f"{tag} rows that see no key must be exactly 0 (lse -inf), at "
+                                  f"{_where(not_empty, L)}.{hint}" + (f"\n  likely cause: {found.cause}" if found else ""))
+    cause = (found.cause if found else _by_length(bad, L)
+             or "compare one wrong sequence with facourse.decode.paged_reference: check the page lookup "
+                "(block_table[b, t // page_size], row t % page_size), the GQA head mapping, the scale and the "
+                "merge of the splits")
+    raise AttentionCheckError(f"{tag} o is off by up to {worst:.3g} (allowed {float(allowed.max()):.3g}: twice "
+                              f"PyTorch's own error in each sequence, plus {ABS_SLACK:g}; relative "
+                              f"{worst / top:.3g}, must be < {REL_LIMIT:g}) at {_where(bad, L)}.\n"
+                              f"  likely cause: {cause}")
 
 
 def check_paged_decode(fn, case: str | DecodeCase = "mixed", *, seed: int | None = None, device=None,
@@ -475,29 +495,18 @@ def check_paged_decode(fn, case: str | DecodeCase = "mixed", *, seed: int | None
     ``fn`` changes an input); prints one line on success and returns nothing."""
     device = resolve_device(device)
     c = get_decode_case(case, device)
-    seed = secrets.randbits(31) if seed is None else seed
+    seed = draw_seed(seed)
     inp = make_paged_inputs(c, seed, device, dtype)
     tag = f"[{c.name}]"
-    copies = [t.clone() for t in inp]
-    kwargs = {} if scale is None else {"scale": scale}
-    with nan_filled_allocations(device), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn(*inp, **kwargs)
-    for w in {str(w.message) for w in caught}:
-        print(f"note: the call raised a warning: {w}")
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    for name, t, cp in zip(PagedInputs._fields, inp, copies):
-        if not torch.equal(t.nan_to_num(), cp.nan_to_num()) if t.is_floating_point() else not torch.equal(t, cp):
-            raise AttentionCheckError(f"{tag} {name} was modified by the call: a decode must leave its inputs "
-                                      "untouched")
+    result = guarded_call(fn, *inp, device=device, tag=tag, inputs=inp._asdict(),
+                          untouched="a decode must leave its inputs untouched", **({} if scale is None else {"scale": scale}))
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AttentionCheckError(f"{tag} the function must return a pair (o, lse), got {type(result).__name__}")
     rep = check_paged_result(result[0], result[1], inp, scale, config=c.describe(), seed=seed)
-    if verbose and not is_collecting():
-        print(f"[{c.name}] passed: closest to its limit, sequence {rep['seq']} (seq_len {c.seq_lens[rep['seq']]}): "
-              f"max|o-ref| {rep['max_abs_err']:.2e}, allowed {rep['allowed']:.2e} (twice PyTorch's own error + 1e-3); "
-              f"lse err {rep['lse_err']:.2e}")
+    if rep and verbose:
+        say(f"[{c.name}] passed: closest to its limit, sequence {rep['seq']} (seq_len {c.seq_lens[rep['seq']]}): "
+            f"max|o-ref| {rep['max_abs_err']:.2e}, allowed {rep['allowed']:.2e} (twice PyTorch's own error + 1e-3); "
+            f"lse err {rep['lse_err']:.2e}")
 
 
 def bad_paged_inputs(seed: int = 0, device=None) -> list[tuple[str, tuple]]:
@@ -521,10 +530,9 @@ def check_paged_bad_inputs(fn, *, seed: int | None = None, device=None, verbose:
     """``fn`` computes the valid batch of ``bad_paged_inputs`` right, and each of its broken variants
     makes ``fn`` raise :class:`AttentionInputError` (what ``validate_paged_inputs`` raises), with a
     message, before any kernel reads out of bounds."""
-    seed = secrets.randbits(31) if seed is None else seed
+    seed = draw_seed(seed)
     (_, valid), *bad = bad_paged_inputs(seed, device)
-    with nan_filled_allocations(device):
-        result = fn(*valid)
+    result = guarded_call(fn, *valid, device=valid[0].device, tag="[bad_inputs]", inputs={})
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AttentionCheckError(f"[bad_inputs] the function must return a pair (o, lse), got {type(result).__name__}")
     check_paged_result(result[0], result[1], PagedInputs(*valid), config="bad_inputs, the valid batch", seed=seed)
