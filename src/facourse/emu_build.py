@@ -137,6 +137,12 @@ class BuildPlan:
         return h.hexdigest()[:20]
 
 
+def _line(n: int, path: Path) -> str:
+    """A ``#line`` directive: what follows is line ``n`` of ``path`` in g++'s messages."""
+    name = path.as_posix().replace("\\", "\\\\").replace('"', '\\"')
+    return f'#line {n} "{name}"\n'
+
+
 _HOST = "// ============================================================================ host"
 _NAMESPACE = "namespace hfa {\n"
 
@@ -156,8 +162,8 @@ def _route_harness(text: str, path: Path) -> str | None:
         return None
     top += len(_NAMESPACE)
     line = device[:top].count("\n") + 1
-    return (f'#line 1 "{path}"\n' + device[:top] + '#include "routing_hopper.h"\n' + f'#line {line} "{path}"\n'
-            + device[top:] + "}  // namespace hfa\n")
+    return (_line(1, path) + device[:top] + '#include "routing_hopper.h"\n' + _line(line, path) + device[top:]
+            + "}  // namespace hfa\n")
 
 
 def _given_folder(source: Path, step: str) -> Path | None:
@@ -176,7 +182,7 @@ def build_plan(source) -> BuildPlan | str:
     if given is None:
         missing = [n for n in GIVEN[step] if not (source.parent / n).exists()]
         return f"{missing[0]} is not next to {source.name} (the given files of the exercise must be there)"
-    plan = BuildPlan(step, source, given, {"student_kernel.cu": f'#line 1 "{source}"\n' + text}, list(_FLAGS[step]))
+    plan = BuildPlan(step, source, given, {"student_kernel.cu": _line(1, source) + text}, list(_FLAGS[step]))
     if step == "07":
         harness = _route_harness((given / "hopper_harness.cuh").read_text(), given / "hopper_harness.cuh")
         if harness is None:
