@@ -12,10 +12,9 @@ by name, with their keyword arguments; the judge adds a fresh secret seed to eac
 * ``count_flops``: the kernel reports each call's matmul FLOPs (step 04's tile skipping);
 * ``perf``: a timing cell: the check is the correctness half, the kernel's timing is the other;
 * ``sass``: the judge compiles the submitted ``student_kernel.cu`` itself and reads its SASS;
-* ``perf`` with ``"mode": "decode"`` (step 09): timed with ``facourse.decode.bench_decode``, judged
-  in GB/s of K and V read;
-* ``perf`` with ``"mode": "variant"`` (step 10): timed with ``facourse.variants.bench_variant`` against
-  compiled FlexAttention on the same mask, TFLOP/s on visible pairs;
+* ``perf``'s ``"mode"`` names the step kind (``facourse.kinds``) that times and counts it: none, the
+  forward; ``"backward"`` (step 08); ``"decode"`` (step 09: GB/s of K and V read); ``"variant"``
+  (step 10: against compiled FlexAttention on the same mask, TFLOP/s on visible pairs);
 * ``train``: the entry point is a training one (step 08): the check calls it through
   ``facourse.backward.forward_backward`` (one forward, one backward: o, dq, dk, dv and the state
   the forward kept), inside the guard, so the guard covers the backward too.
