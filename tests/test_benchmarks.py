@@ -251,3 +251,45 @@ def test_runner_adds_flashinfer_to_a_forward_solutions_fp16_references_where_ins
     assert "FLASHINFER" not in backends(m05, False, "float16")                            # rungs: the step's own
     monkeypatch.setattr(fb, "flashinfer_available", lambda: False)
     assert backends(m05, True, "float16") == ["FLASH_ATTENTION", "CUDNN_ATTENTION"]
+
+
+def test_a_new_kind_is_one_module_and_one_registry_line(tmp_path, monkeypatch):
+    """The runner asks the kind for everything it checks and records: a kind it has never seen (one
+    module, one registry line) runs through the same loop, its rows in the schema."""
+    import types
+
+    from benchmarks import ladder
+    from facourse import kinds, schema
+    from facourse.kinds.base import Kind
+
+    class Toy(Kind):
+        name = "toy"
+
+        def check_cases(self, m, r, solution):
+            return ["one", "two"] if solution else [r.get("check", "one")]
+
+        def check(self, fn, case, device, dtype):
+            if fn(case) != case.upper():
+                raise AssertionError(f"{case}: wrong")
+            return {"rel_err": 0.0}
+
+    mod = types.ModuleType("toy_kind")
+    mod.KIND = Toy()
+    monkeypatch.setitem(sys.modules, "toy_kind", mod)
+    monkeypatch.setitem(kinds.REGISTRY, "toy", "toy_kind")
+    m = {"step": {"id": "99"}, "exercise": {"mode": "toy"}, "ladder": {"solution": "v2"}, "reference": {"backend": "X"},
+         "rungs": [{"name": "v1", "file": "v1.py", "verdict": "a"}, {"name": "v2", "file": "v2.py", "verdict": "b"}]}
+    monkeypatch.setattr(ladder, "entry_point", lambda m, name: (str.upper if name == "v2" else str.lower))
+    rows = []
+    for name in ("v2", "v1"):
+        out = tmp_path / f"{name}.json"
+        ladder.run_rung(m, name, False, out)
+        rows += json.loads(out.read_text())["rows"]
+    assert [(r["rung"], r["config"], r["check"]) for r in rows] == [
+        ("v2", "one", "ok"), ("v2", "two", "ok"), ("v1", "one", "error")]
+    assert rows[0]["rel_err"] == 0.0 and rows[2]["error"] == "AssertionError: one: wrong"
+    d = {"schema": 1, "step": "99", "env": {"gpu": "cpu", "date": "2026-11-27", "torch": "x", "cuda": None},
+         "timing": "t", "reference": "X", "mode": "toy", "solution": "v2",
+         "rungs": {"v1": {"file": "v1.py", "verdict": "a"}, "v2": {"file": "v2.py", "verdict": "b"}}, "rows": rows}
+    schema.validate(d)
+    assert "v2: checks 2/2" in ladder.table(d) and "v1: checks 0/1" in ladder.table(d)
