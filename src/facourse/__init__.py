@@ -3,11 +3,12 @@
 References, the one correctness check, the one benchmark, hardware guards, inputs.
 """
 from .bench import BenchResult, bench_attention, sdpa_reference
-from .check import (AttentionCheckError, CheckReport, check_all, check_attention, check_entry_point,
+from .check import (AttentionCheckError, CheckError, CheckReport, check_all, check_attention, check_entry_point,
                     nan_filled_allocations)
 from .configs import (CONFIGS, CPU_CONFIGS, EDGE_CASES, LONG_CONFIG, AttnConfig, default_device,
                       get_config, make_inputs, profile, resolve_device, visible_pairs)
 from .hw import HardwareUnavailable, gpu_or_skip, has_gpu, has_sm90a, require_gpu, require_sm90a
+from . import rule  # the one correctness rule: guarded_call, compare, Mistake, diagnose
 from .reference import (AttentionInputError, causal_mask, default_scale, kv_head_index,
                         reference_attention, torch_attention, validate_inputs)
 
