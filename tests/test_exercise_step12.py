@@ -4,9 +4,10 @@ The exercise's solution, put into the released notebook, scores every point thro
 (``GRADING``, graded by tests/test_exercise_grading.py in one autograde run with the other steps':
 the ranks are forked from a real Jupyter kernel there); the untouched stub scores 0 and the solution
 with one planted mistake loses its test (the demo's samples). Each mistake of the issue, planted in
-the solution, loses the points of a test whose message names it: a merge without its weights, zigzag shards read as contiguous, the last
-shard never used, ranks waiting on each other (a deadlock: the test fails at its time limit), and
-K/V gathered instead of passed point to point. The GPU tier (two GPUs, NCCL) is the ladder runner's.
+the solution, loses the points of a test whose message names it: a merge without its weights, zigzag
+shards read as contiguous (or given the contiguous layout's skip rule by ranks), the last shard never
+used, ranks waiting on each other (a deadlock: the test fails at its time limit), and K/V gathered
+instead of passed point to point. The GPU tier (two GPUs, NCCL) is the ladder runner's.
 """
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ PLANTED = {
     "zigzag_as_contiguous": ("ring", "return [bounds[c] for c in ((r, n - 1 - r) if causal else (r,))]",
                              "return [chunk_bounds(int(total), P)[r]]", "test_causal",
                              "zigzag shards were read as contiguous"),
+    # the contiguous layout's skip rule by ranks (a lower rank's shard all visible, a higher one's skipped)
+    "zigzag_with_contiguous_skip_rule": ("ring", "(not causal or ke <= qs or diagonal)",
+                                         "(not causal or src < rank or (src == rank and (ke <= qs or diagonal)))",
+                                         "test_causal", "the contiguous layout's skip rule"),
     "last_shard_missing": ("ring", "for t in range(P):", "for t in range(P - 1):", "test_noncausal",
                            "arrives on the last step is never used"),
     "ranks_wait_on_each_other": ("ring", _PASS, "dist.recv(incoming, (rank - 1) % P, group)\n"

@@ -39,9 +39,10 @@ from multiprocessing.connection import wait as wait_any
 
 import torch
 
-from .check import AttentionCheckError, _masked_attention, _normalise, check_attention, is_collecting
 from .configs import AttnConfig, make_inputs
-from .reference import default_scale, reference_attention
+from .reference import default_scale, masked_attention, reference_attention, torch_attention
+from .rule import (AttentionCheckError, Mistake, check_lse, compare, describe_rows, diagnose, draw_seed,
+                   guarded_call, is_collecting, make_tag, max_abs, normalise_result, ranges, say)
 
 
 # ----------------------------------------------------------------------------- the sharding rule
@@ -203,6 +204,16 @@ def _stop(procs) -> None:
         p.join(timeout=5)
 
 
+def _receive(conn, r: int, procs) -> dict:
+    """Rank ``r``'s payload, or a failure saying that its process died without one."""
+    try:
+        return pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return {"ok": False, "died": True, "out": "", "traffic": {}, "seconds": 0.0,
+                "error": f"the process of rank {r} died without a result (exit code {procs[r].exitcode}, a "
+                         "crash or a kill)"}
+
+
 def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
              timeout: float | None = None, layout: str | None = None) -> RingRun:
     """Run ``fn(q_r, k_r, v_r, causal=, scale=, group=None)`` on ``world`` ranks (forked processes,
@@ -247,13 +258,15 @@ def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
                         "number of steps")
                 for c in ready:
                     r = conns.pop(c)
-                    try:
-                        payloads[r] = pickle.loads(c.recv_bytes())
-                    except (EOFError, OSError):
-                        payloads[r] = {"ok": False, "out": "", "traffic": {}, "seconds": 0.0,
-                                       "error": f"the process of rank {r} died without a result "
-                                                f"(exit code {procs[r].exitcode}, a crash or a kill)"}
+                    payloads[r] = _receive(c, r, procs)
                     if not payloads[r]["ok"]:
+                        # a rank that died is the cause of its neighbours' connection errors: name it
+                        for c2 in wait_any(list(conns), timeout=1.0) if not payloads[r].get("died") else ():
+                            r2 = conns.pop(c2)
+                            payloads[r2] = _receive(c2, r2, procs)
+                            if payloads[r2].get("died"):
+                                r = r2
+                                break
                         out = payloads[r]["out"].strip()
                         raise RingError(f"rank {r} of {world} failed:\n{payloads[r]['error'].rstrip()}"
                                         + (f"\n  its output:\n{out}" if out else ""))
@@ -395,68 +408,113 @@ def _unweighted_sum(q, k, v, scale, visible, groups):
     return out
 
 
-def ring_variants(q, k, v, causal: bool, scale, world: int, layout: str | None = None):
-    """(cause, output thunk) of the ring mistakes the check recognises, on the global inputs."""
-    S = q.shape[2]
+def ring_mistakes(q, k, v, causal: bool, scale, world: int, layout: str | None = None) -> list[Mistake]:
+    """The ring mistakes the check recognises, each with the output it gives on the global inputs."""
+    S, Hq, Hkv = q.shape[2], q.shape[1], k.shape[1]
     s = default_scale(q.shape[-1], scale)
     owner, chunk, as_contig = _owners(S, world, causal, layout)
     i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
     visible = (j <= i) if causal else torch.ones(S, S, dtype=torch.bool)
+
+    def seeing(mask):
+        return lambda: {"o": masked_attention(q, k, v, s, mask)}
+
     last = (owner[:, None] + 1) % world         # the shard that reaches rank r on the last step
-    yield ("the shard that arrives on the last step is never used: each rank must attend to all "
-           f"{world} shards (its own and {world - 1} received), so the loop runs world_size steps, "
-           "computing on the shard in hand before (or while) it is passed on, the last one too",
-           lambda: _masked_attention(q, k, v, s, visible & (owner[None, :] != last)))
-    yield ("each rank attended only to its own shard: the K/V received from the ring never entered "
-           "the result", lambda: _masked_attention(q, k, v, s, visible & (owner[None, :] == owner[:, None])))
+    out = [Mistake("the shard that arrives on the last step is never used: each rank must attend to all "
+                   f"{world} shards (its own and {world - 1} received), so the loop runs world_size steps, "
+                   "computing on the shard in hand before (or while) it is passed on, the last one too",
+                   seeing(visible & (owner[None, :] != last))),
+           Mistake("each rank attended only to its own shard: the K/V received from the ring never entered the "
+                   "result", seeing(visible & (owner[None, :] == owner[:, None])))]
     if causal and layout_of(causal, layout) == "zigzag":
-        yield ("the zigzag shards were read as contiguous ones: a rank's rows are chunks r and 2P-1-r of "
-               "2P (torch.tensor_split's chunks), not rows [r*S/P, (r+1)*S/P); the causal test of a "
-               "(query, key) pair must use the global positions of both",
-               lambda: _masked_attention(q, k, v, s, as_contig[None, :] <= as_contig[:, None]))
+        # reading the shards as contiguous rows and the contiguous layout's skip rule by ranks (a lower
+        # rank's shard wholly visible, a higher one's skipped, one's own causal) give the same output
+        out.append(Mistake(
+            "the zigzag shards were read as contiguous ones, with the contiguous layout's skip rule: a lower "
+            "rank's shard taken as wholly visible and a higher rank's skipped, as if rank r held rows "
+            "[r*S/P, (r+1)*S/P). With zigzag, rank r holds chunks r and 2P-1-r of 2P (torch.tensor_split's "
+            "chunks), so every other rank's shard is partly before and partly after yours: decide chunk pair by "
+            "chunk pair, in global positions (a key chunk before the query chunk is visible, the same chunk is "
+            "the causal diagonal, a later one is skipped)", seeing(as_contig[None, :] <= as_contig[:, None])))
     merge = ("the partial results were added without their weights: merging (o_a, lse_a) with (o_b, lse_b) "
              "gives lse = logaddexp(lse_a, lse_b) and o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b "
              "(lecture 03's merge, in lse form); a block in which a row sees no key has lse = -inf, weight 0")
-    yield merge, lambda: _unweighted_sum(q, k, v, s, visible, owner)
+    out.append(Mistake(merge, lambda: {"o": _unweighted_sum(q, k, v, s, visible, owner)}))
     if causal:
-        yield merge, lambda: _unweighted_sum(q, k, v, s, visible, chunk)
+        out.append(Mistake(merge, lambda: {"o": _unweighted_sum(q, k, v, s, visible, chunk)}))
+        out.append(Mistake("the causal mask is missing: every query sees every key of every shard",
+                           lambda: {"o": reference_attention(q, k, v, False, s)[0]}))
+    if Hkv > 1 and Hq != Hkv:
+        out.append(Mistake(f"query head h reads KV head h % Hkv; with GQA it must read h // (Hq // Hkv) = "
+                           f"h // {Hq // Hkv}", lambda: {"o": reference_attention(
+                               q, k, v, causal, s, head_map=torch.arange(Hq) % Hkv)[0]}))
+    out.append(Mistake("the softmax scale is missing: multiply Q Kᵀ by scale (default 1/sqrt(D))",
+                       lambda: {"o": reference_attention(q, k, v, causal, 1.0)[0]}))
+    if scale is not None:
+        out.append(Mistake("the scale argument was ignored: 1/sqrt(D) was used instead",
+                           lambda: {"o": reference_attention(q, k, v, causal, None)[0]}))
+    return out
 
 
-def _rank_rows(bad_rows: torch.Tensor, S: int, world: int, causal: bool, layout: str | None = None) -> str:
-    """'rank 1 (chunks 1, 2: rows 250-499, 500-749)' for the ranks that hold wrong rows."""
+def where_ranks(bad_rows: torch.Tensor, S: int, world: int, causal: bool, layout: str | None = None) -> str:
+    """The one describer of a ring's result: the wrong rows and heads, then the ranks that hold them with
+    their chunks and rows ('the wrong rows are held by rank 1 (chunks 1, 2: rows 250-499, 500-749)')."""
     bounds = chunk_bounds(S, n_chunks(world, causal, layout))
     owner = _owners(S, world, causal, layout)[0]
     bad = bad_rows.any(dim=(0, 1)) if bad_rows.dim() == 3 else bad_rows
-    ranks = sorted({int(owner[r]) for r in torch.nonzero(bad).flatten().tolist()})
+    ranks = sorted({int(owner[r]) for r in torch.nonzero(bad.cpu()).flatten().tolist()})
     parts = []
     for r in ranks:
         chunks = rank_chunks(world, r, causal, layout)
         rows = ", ".join(f"{bounds[c][0]}-{bounds[c][1] - 1}" for c in chunks if bounds[c][1] > bounds[c][0])
         parts.append(f"rank {r} (chunk{'s' if len(chunks) > 1 else ''} {', '.join(map(str, chunks))}: rows {rows})")
-    return "; ".join(parts) if parts else "no rank"
-
-
-def ring_diagnosis(q, k, v, causal: bool, scale, world: int, layout: str | None = None):
-    """For :func:`check_attention`'s ``diagnose``: the ranks holding the wrong rows, and the ring
-    mistake whose output this is, when one of :func:`ring_variants` matches."""
-    ref = reference_attention(q, k, v, causal, scale)[0]
-    tol = 1e-3 + 2e-3 * float(ref.abs().max())
-
-    def diagnose(o, bad_rows):
-        where = f"the wrong rows are held by {_rank_rows(bad_rows, q.shape[2], world, causal, layout)}"
-        o64 = o.detach().to(torch.float64)
-        for cause, alt in ring_variants(q, k, v, causal, scale, world, layout):
-            try:
-                if float((o64 - alt().to(torch.float64)).abs().max()) <= tol:
-                    return f"{cause}\n  {where}"
-            except Exception:       # a variant that cannot be formed says nothing
-                continue
-        return None
-
-    return diagnose
+    held = "; ".join(parts) if parts else "no rank"
+    return (f"{describe_rows(bad_rows)}\n  the wrong rows are held by {held}" if bad_rows.dim() == 3
+            else f"the wrong rows are held by {held}")
 
 
 # ----------------------------------------------------------------------------- the check
+NAN_CAUSE = ("a block in which a row sees no key has lse = -inf: its merge weight exp(lse_part - lse) must be 0, "
+             "and a row whose merged lse is still -inf keeps o = 0 (-inf - (-inf) is NaN); or some rows were "
+             "never written (the check fills new allocations with NaN)")
+
+
+def check_ring_result(o, lse, q, k, v, causal: bool, scale, world: int, *, layout: str | None = None,
+                      tag: str = "") -> str:
+    """The course's rule on a ring's gathered ``(o, lse)`` of the global q, k, v: finite, within twice
+    PyTorch's own rounding (+1e-3), 1% relative; lse close. Raises :class:`AttentionCheckError` naming the
+    ranks that hold the wrong rows and the ring mistake that gives this output. Returns the summary."""
+    if is_collecting():
+        return ""
+    for name, t, shape, dt in (("o", o, tuple(q.shape), q.dtype), ("lse", lse, tuple(q.shape[:3]), torch.float32)):
+        if not isinstance(t, torch.Tensor):
+            raise AttentionCheckError(f"{tag} {name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape or t.dtype != dt:
+            raise AttentionCheckError(f"{tag} {name} is {tuple(t.shape)} {t.dtype}; it must be {shape} {dt} "
+                                      "(o: [B, Hq, S, D] in q's dtype; lse: float32 [B, Hq, S])")
+    ref, ref_lse = reference_attention(q, k, v, causal, scale)
+    cmp = compare(o, ref, lambda: max_abs(torch_attention(q, k, v, causal, scale).to(torch.float64) - ref),
+                  name="o", tag=tag, empty=torch.isneginf(ref_lse)[..., None])
+    S = q.shape[2]
+    if not cmp.ok:
+        found = diagnose({"o": o}, {"o"}, ring_mistakes(q, k, v, causal, scale, world, layout), cmp.allowed)
+        if cmp.failure == "values":
+            raise cmp.error(found.cause if found else "compare one wrong rank's rows with "
+                            "facourse.ring.block_attention on each shard it received: the chunks each rank holds "
+                            "(the sharding rule), the causal test in global positions, the merge's weights",
+                            where=where_ranks(cmp.bad_rows, S, world, causal, layout))
+        bad = cmp.nonfinite_rows if cmp.failure == "nonfinite" else cmp.not_empty_rows
+        what = "NaN or inf in o" if cmp.failure == "nonfinite" else "rows that see no key must be exactly 0"
+        raise AttentionCheckError(f"{tag} {what} at {where_ranks(bad, S, world, causal, layout)}\n  likely cause: "
+                                  f"{found.cause if found else NAN_CAUSE}")
+    if cmp.ref_max < 10 * cmp.allowed:
+        raise AttentionCheckError(f"{tag} the inputs are degenerate (max|ref| = {cmp.ref_max:.3g}); draw them "
+                                  "with facourse.make_inputs")
+    lse_err = check_lse(lse, ref_lse, q, tag)
+    return (f"{tag} passed: max|o-ref| {cmp.max_err:.2e} (allowed {cmp.allowed:.2e}), relative {cmp.rel:.2e}, "
+            f"lse err {lse_err:.2e}")
+
+
 def check_ring(fn, case="w2_causal", *, seed: int | None = None, dtype=None, timeout: float | None = None,
                distributed: bool = True, verbose: bool = True, layout: str | None = None,
                traffic: bool = False, scale=None) -> RingRun | None:
@@ -469,23 +527,21 @@ def check_ring(fn, case="w2_causal", *, seed: int | None = None, dtype=None, tim
     A ``layout`` other than the rule's is for the solution ladder. With ``traffic`` the K/V must
     also have gone round the ring point to point (:func:`check_traffic`).
     """
-    import secrets
-
     c = get_ring_case(case)
-    seed = secrets.randbits(31) if seed is None else seed
+    seed = draw_seed(seed)
     q, k, v = make_inputs(c.cfg, seed, "cpu", dtype)
     call = on_ring(fn, c.world, timeout=timeout, layout=layout, traffic=traffic) if distributed else fn
-    result = call(q, k, v, causal=c.cfg.causal, scale=scale)
+    tag = make_tag(c.describe(), seed)
+    result = guarded_call(call, q, k, v, device=q.device, tag=tag, inputs={"q": q, "k": k, "v": v},
+                          causal=c.cfg.causal, scale=scale)
     if traffic:
         *result, table = result
-    o, lse = _normalise(result, True, f"[{c.name}]")
-    diagnose = None if is_collecting() else ring_diagnosis(q, k, v, c.cfg.causal, scale, c.world, layout)
-    report = check_attention(o, q, k, v, c.cfg.causal, scale, lse=lse, config=c.describe(), seed=seed,
-                             diagnose=diagnose)
+    o, lse = normalise_result(result, True, f"[{c.name}]")
+    summary = check_ring_result(o, lse, q, k, v, c.cfg.causal, scale, c.world, layout=layout, tag=tag)
     if traffic and not is_collecting():
         check_traffic(table, k, c.world, c.cfg.causal, f"[{c.describe()}]")
-    if verbose and not is_collecting():
-        print(report.summary())
+    if verbose:
+        say(summary)
     return getattr(call, "last_run", None)
 
 
@@ -503,58 +559,61 @@ def merge_inputs(seed: int = 0):
     return o_a, lse_a, o_b, lse_b
 
 
+def _merged(o_a, lse_a, o_b, lse_b, guard: bool = True):
+    """The merge in float64; without ``guard``, the rows no part saw give -inf - (-inf) = NaN."""
+    lse = torch.logaddexp(lse_a.double(), lse_b.double())
+    safe = lse.masked_fill(torch.isneginf(lse), 0.0) if guard else lse
+    return (torch.exp(lse_a.double() - safe)[..., None] * o_a.double()
+            + torch.exp(lse_b.double() - safe)[..., None] * o_b.double()), lse
+
+
 def check_merge_partials(fn, *, seed: int | None = None, verbose: bool = True) -> None:
     """Check ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)``, the merge of two partial attentions of the
-    same rows over disjoint keys, on :func:`merge_inputs`."""
-    import secrets
-
-    seed = secrets.randbits(31) if seed is None else seed
-    o_a, lse_a, o_b, lse_b = merge_inputs(seed)
-    args = [t.clone() for t in (o_a, lse_a, o_b, lse_b)]
-    result = fn(*args)
+    same rows over disjoint keys, on :func:`merge_inputs`: o within 1e-4 of the float64 merge, lse
+    within 2e-2 and -inf exactly where neither part saw a key."""
+    seed = draw_seed(seed)
+    parts = merge_inputs(seed)
+    args = [t.clone() for t in parts]
     tag = f"[merge] (seed {seed})"
+    result = guarded_call(fn, *args, tag=tag, inputs=dict(zip(("o_a", "lse_a", "o_b", "lse_b"), args)),
+                          untouched="the merge must return new tensors")
     if is_collecting():
         return
-    if any(not torch.equal(x, y) for x, y in zip(args, (o_a, lse_a, o_b, lse_b))):
-        raise AttentionCheckError(f"{tag} the merge modified its inputs: return new tensors")
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise AttentionCheckError(f"{tag} the merge returns the pair (o, lse)")
-    o, lse = (t.detach().to(torch.float64) for t in result)
-    lse_ref = torch.logaddexp(lse_a.double(), lse_b.double())
+    o, lse = result
+    o_ref, lse_ref = _merged(*parts)
     none = torch.isneginf(lse_ref)
-    safe = lse_ref.masked_fill(none, 0.0)
-    o_ref = (torch.exp(lse_a.double() - safe)[..., None] * o_a.double()
-             + torch.exp(lse_b.double() - safe)[..., None] * o_b.double())
-    if tuple(o.shape) != tuple(o_a.shape) or tuple(lse.shape) != tuple(lse_a.shape):
-        raise AttentionCheckError(f"{tag} o must have o_a's shape {tuple(o_a.shape)} and lse lse_a's "
-                                  f"{tuple(lse_a.shape)}; got {tuple(o.shape)} and {tuple(lse.shape)}")
-    if not torch.isfinite(o).all():
-        rows = sorted({int(r) for r in torch.nonzero(~torch.isfinite(o).all(-1))[:, 2]})
-        both = [r for r in rows if 8 <= r < 16]
-        cause = ("rows 8-15 saw no key in either part: their lse is -inf and their o must be 0; "
-                 "-inf - (-inf) is NaN, so guard the subtraction where the merged lse is -inf"
-                 if rows and len(both) == len(rows) else
-                 "exp(lse) overflows float32 when lse is in the hundreds: weight each part by "
-                 "exp(lse_part - lse), with lse = logaddexp(lse_a, lse_b), which is at most 1")
-        raise AttentionCheckError(f"{tag} NaN or inf in o at rows {_ranges_of(rows)}.\n  likely cause: {cause}")
-    lse_ok = (torch.isneginf(lse) == none).all() and float((lse - lse_ref).masked_fill(none, 0).abs().max()) < 1e-4 * 200
-    err = float((o - o_ref).abs().max())
-    if err > 1e-4 or not lse_ok:
-        plain = o_a.double() + o_b.double()
-        cause = ("o = o_a + o_b: the parts were added without their weights exp(lse_a - lse) and exp(lse_b - lse)"
-                 if float((o - plain).abs().max()) < 1e-4 else
-                 "lse = logaddexp(lse_a, lse_b) and o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b"
-                 if not lse_ok else
-                 "o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b with lse = logaddexp(lse_a, lse_b)")
-        raise AttentionCheckError(f"{tag} wrong merge: max|o - ref| = {err:.3g}"
-                                  f"{'' if lse_ok else ', and lse is wrong'}.\n  likely cause: {cause}")
-    if verbose:
-        print(f"{tag} passed: max|o - ref| {err:.2e}")
-
-
-def _ranges_of(rows: list[int]) -> str:
-    from .check import _ranges
-    return _ranges(rows)
+    if tuple(o.shape) != tuple(o_ref.shape) or tuple(lse.shape) != tuple(lse_ref.shape):
+        raise AttentionCheckError(f"{tag} o must have o_a's shape {tuple(o_ref.shape)} and lse lse_a's "
+                                  f"{tuple(lse_ref.shape)}; got {tuple(o.shape)} and {tuple(lse.shape)}")
+    cmp = {"o": compare(o, o_ref, 0.0, name="o", tag=tag, slack=1e-4, rel_limit=None),
+           "lse": compare(lse, lse_ref, 0.0, name="lse", tag=tag, empty=none, empty_value=float("-inf"),
+                          slack=2e-2, rel_limit=None, row_dim=None)}
+    wrong = {n for n, c in cmp.items() if not c.ok}
+    if not wrong:
+        if verbose:
+            print(f"{tag} passed: max|o - ref| {cmp['o'].max_err:.2e}")
+        return
+    o_a, lse_a, o_b, lse_b = parts
+    unguarded = ("rows 8-15 saw no key in either part: their lse is -inf and their o must be 0; "
+                 "-inf - (-inf) is NaN, so guard the subtraction where the merged lse is -inf")
+    mistakes = [Mistake(unguarded, lambda: {"o": _merged(*parts, guard=False)[0]}),
+                Mistake("o = o_a + o_b: the parts were added without their weights exp(lse_a - lse) and "
+                        "exp(lse_b - lse)", lambda: {"o": o_a.double() + o_b.double()})]
+    found = diagnose({"o": o, "lse": lse}, wrong, mistakes, {"o": 1e-4, "lse": 2e-2})
+    if cmp["o"].failure == "nonfinite":
+        rows = sorted({int(r) for r in torch.nonzero(cmp["o"].nonfinite_rows)[:, 2]})
+        cause = (found.cause if found else unguarded if all(8 <= r < 16 for r in rows) else
+                 "exp(lse) overflows float32 when lse is in the hundreds: weight each part by exp(lse_part - lse), "
+                 "with lse = logaddexp(lse_a, lse_b), which is at most 1")
+        raise AttentionCheckError(f"{tag} NaN or inf in o at rows {ranges(rows)}.\n  likely cause: {cause}")
+    cause = (found.cause if found else
+             "lse = logaddexp(lse_a, lse_b) and o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b"
+             if "lse" in wrong else
+             "o = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b with lse = logaddexp(lse_a, lse_b)")
+    raise AttentionCheckError(f"{tag} wrong merge: max|o - ref| = {cmp['o'].max_err:.3g}"
+                              f"{'' if 'lse' not in wrong else ', and lse is wrong'}.\n  likely cause: {cause}")
 
 
 def block_attention(q, k, v, causal: bool = False, scale=None):
