@@ -84,10 +84,13 @@ def _computing(mask_of=None, score_of=None, **kw):
     return fn
 
 
-def _wrong_slopes(score, q, k):
-    Hq, Sq, Skv = q.shape[1], q.shape[2], k.shape[2]
-    slopes = torch.tensor(V.alibi_slopes(Hq), dtype=torch.float64).flip(0)
-    return V.Mod("reversed", None, lambda s, b, h, i, j: s - slopes[h] * (i + Skv - Sq - j))
+def _slopes(change):
+    """A score modifier of ALiBi whose slopes are ``change(the right ones)``."""
+    def score_of(score, q, k):
+        Hq, Sq, Skv = q.shape[1], q.shape[2], k.shape[2]
+        slopes = change(torch.tensor(V.alibi_slopes(Hq), dtype=torch.float64))
+        return V.Mod("wrong slopes", None, lambda s, b, h, i, j: s - slopes[h] * (i + Skv - Sq - j))
+    return score_of
 
 
 WRONG = [
@@ -95,7 +98,8 @@ WRONG = [
      "the window is off by one"),
     ("documents_leak", "documents_alibi", _computing(lambda m, q, k: V.causal(q.shape[2], k.shape[2])),
      "the documents leak across a boundary"),
-    ("alibi_slopes_reversed", "alibi", _computing(score_of=_wrong_slopes), "ALiBi's slope per head is wrong"),
+    ("alibi_slopes_reversed", "alibi", _computing(score_of=_slopes(lambda m: m.flip(0))), "ALiBi's slope per head is wrong"),
+    ("alibi_wrong_sign", "documents_alibi", _computing(score_of=_slopes(lambda m: -m)), "ALiBi's bias has the wrong sign"),
     ("softcap_after_mask", "window_softcap", _computing(mask_first=True), "the soft cap is applied after the mask"),
 ]
 
