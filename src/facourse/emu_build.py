@@ -38,7 +38,7 @@ _FLAGS = {"06": ["-std=c++20", "-O1", "-pthread", "-w"],
 _DRIVER = {"06": "driver_sm80.cpp", "07": "driver_hopper.cpp"}
 _EMU_FILES = {"06": ("emu_warp.h", "emu_sm80.h", "driver_sm80.cpp", "sm80/fa_harness.cuh"),
               "07": ("emu_warp.h", "emu_hopper.h", "routing_hopper.h", "driver_hopper.cpp")}
-_STAND_INS = ("cuda_fp16.h", "cuda_bf16.h", "cuda.h", "cudaTypedefs.h", "cuda_runtime.h")
+_STAND_INS = tuple(f"include/{n}" for n in ("cuda_fp16.h", "cuda_bf16.h", "cuda.h", "cudaTypedefs.h", "cuda_runtime.h"))
 
 
 def strip_comments(text: str) -> str:
@@ -130,7 +130,7 @@ class BuildPlan:
         """The content hash of every file the build reads, the compiler and the flags."""
         h = hashlib.sha256()
         texts = [*self.written.items(), *((f"given/{n}", (self.given / n).read_text()) for n in GIVEN[self.step]),
-                 *((f"emu/{n}", (EMU / n).read_text()) for n in _EMU_FILES[self.step])]
+                 *((f"emu/{n}", (EMU / n).read_text()) for n in (*_EMU_FILES[self.step], *_STAND_INS))]
         for name, text in sorted(texts):
             h.update(f"{name}\0{text}\0".encode())
         h.update("\0".join([cxx, *self.flags]).encode())
