@@ -397,7 +397,7 @@ def run_cuda_visible(tmp_path: Path, step: Path, notebook: str, given: tuple, ke
         old = os.environ.get("FACOURSE_HOST_CHECK_CACHE")
         os.environ["FACOURSE_HOST_CHECK_CACHE"] = env["FACOURSE_HOST_CHECK_CACHE"]
         try:
-            hc._std_header(hc._build_files(tmp_path / cases[0] / "student_kernel.cu"), shutil.which("g++"))
+            hc.precompile_std_headers(tmp_path / cases[0] / "student_kernel.cu", shutil.which("g++"))
         finally:
             os.environ.pop("FACOURSE_HOST_CHECK_CACHE") if old is None else os.environ.update(
                 FACOURSE_HOST_CHECK_CACHE=old)

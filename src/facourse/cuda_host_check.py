@@ -105,15 +105,6 @@ class HostCheckReport:
         return [r for r in self.results if r.status in ("fail", "todo")]
 
 
-def _build_files(source):
-    """tests/conftest.py's way to the precompiled standard headers, until it calls precompile_std_headers."""
-    return source
-
-
-def _std_header(source, cxx: str) -> None:
-    precompile_std_headers(source, cxx)
-
-
 _HOPPER_CHECKS = {"producer": check_producer, "gemm_qk": check_gemm_qk, "gemm_pv": check_gemm_pv,
                   "consumer_mainloop": check_consumer}
 _HOPPER_NEEDS = {"consumer_mainloop": ("gemm_qk", "gemm_pv")}   # it calls them
