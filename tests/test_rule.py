@@ -189,3 +189,17 @@ def test_masked_attention_is_the_reference_under_its_mask():
     k, v = k[:, :2], v[:, :2]
     want = reference_attention(q, k, v, True, 0.3)[0]
     assert torch.allclose(masked_attention(q, k, v, 0.3, causal_mask(5, 5)), want)
+
+
+def test_expect_tensor_says_what_differs():
+    from facourse.rule import expect_tensor
+    like = torch.zeros(2, 3)
+    expect_tensor(torch.ones(2, 3), like, name="o", like_name="q", tag="[t]")
+    with pytest.raises(CheckError, match=r"\[t\] o must be a torch.Tensor, got list"):
+        expect_tensor([1], like, name="o", like_name="q", tag="[t]")
+    with pytest.raises(CheckError, match=r"o has shape \(3, 2\); it must have q's shape \(2, 3\) = \[B\]"):
+        expect_tensor(torch.ones(3, 2), like, name="o", like_name="q", tag="[t]", shape_note=" = [B]")
+    with pytest.raises(CheckError, match="dtype torch.float16; it must have q's dtype torch.float32 .cast."):
+        expect_tensor(torch.ones(2, 3).half(), like, name="o", like_name="q", tag="[t]", dtype_note=" (cast)")
+    with collecting():
+        expect_tensor(None, like, name="o", like_name="q", tag="[t]")

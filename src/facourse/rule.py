@@ -40,7 +40,7 @@ import torch
 from .reference import masked_attention
 
 __all__ = ["ABS_SLACK", "REL_LIMIT", "CheckError", "AttentionCheckError", "collecting", "verifying", "is_collecting", "say",
-           "draw_seed", "make_tag", "nan_filled_allocations", "guarded_call", "Comparison", "compare",
+           "draw_seed", "make_tag", "nan_filled_allocations", "guarded_call", "expect_tensor", "Comparison", "compare",
            "Mistake", "matches", "diagnose", "describe_rows", "ranges", "max_abs", "check_lse",
            "normalise_result", "masked_attention"]
 
@@ -231,6 +231,23 @@ def max_abs(x: torch.Tensor) -> float:
 
 def _dtype_name(dt) -> str:
     return str(dt).replace("torch.", "")
+
+
+def expect_tensor(x, like, *, name: str, like_name: str, tag: str, shape=None, shape_note: str = "",
+                  dtype_note: str = "", error: type = CheckError) -> None:
+    """``x`` is a tensor with ``like``'s shape (or ``shape``), dtype and device; else ``error`` says which
+    and how to fix it. Nothing is checked while collecting (the judge checks the recorded result)."""
+    if is_collecting():
+        return
+    if not isinstance(x, torch.Tensor):
+        raise error(f"{tag} {name} must be a torch.Tensor, got {type(x).__name__}")
+    shape = tuple(like.shape) if shape is None else tuple(shape)
+    if tuple(x.shape) != shape:
+        raise error(f"{tag} {name} has shape {tuple(x.shape)}; it must have {like_name}'s shape {shape}{shape_note}")
+    if x.dtype != like.dtype:
+        raise error(f"{tag} {name} has dtype {x.dtype}; it must have {like_name}'s dtype {like.dtype}{dtype_note}")
+    if x.device != like.device:
+        raise error(f"{tag} {name} is on {x.device}; it must stay on {like.device}")
 
 
 # ----------------------------------------------------------------------------- compare
