@@ -77,8 +77,9 @@ def scale_rows(X, Y, n_rows, stride_row, alpha, BLOCK_R: tl.constexpr, D: tl.con
     tl.store(Y + rows[:, None] * D + cols[None, :], x * alpha, mask=rows[:, None] < n_rows)
 
 
-x = torch.randn(10, 64)[:, :32]          # a strided view: stride(0) = 64
-y = torch.empty(10, 32)
+dev = "cuda" if GPU else "cpu"            # a compiled kernel reads GPU memory, the interpreter CPU memory
+x = torch.randn(10, 64, device=dev)[:, :32]          # a strided view: stride(0) = 64
+y = torch.empty(10, 32, device=dev)
 scale_rows[(triton.cdiv(10, 4),)](x, y, 10, x.stride(0), 2.0, BLOCK_R=4, D=32)
 print("3 programs of 4 rows each cover 10 rows; max error:", float((y - 2 * x).abs().max()))
 
