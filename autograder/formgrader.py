@@ -5,8 +5,10 @@
 nbgrader reads its configuration from the folder the server starts in, and the formgrader wants
 the course (this repository) inside the server's root: so JupyterLab starts in ``autograder/``
 (where ``nbgrader_config.py`` is), serves the repository, and reads the workspace's gradebook
-(``FACOURSE_WORKSPACE``). It listens on 127.0.0.1 only, with a token; on a remote grading machine,
-reach it through an SSH tunnel (``ssh -L 8890:127.0.0.1:8890 host``). Grades and comments saved
+(``FACOURSE_WORKSPACE``). It listens on 127.0.0.1 only, with a token: open the printed ``/lab?token=``
+address first (the formgrader's own pages do not take the token; JupyterLab logs the browser in),
+then Nbgrader > Formgrader. On a remote grading machine, reach it through an SSH tunnel
+(``ssh -L 8890:127.0.0.1:8890 host``). Grades and comments saved
 there go to the workspace's ``gradebook.db``; ``report`` and ``export`` show them, and
 ``autograde`` keeps them.
 """
@@ -29,8 +31,7 @@ def lab_command(workspace: Path, port: int, token: str, browser: bool = False) -
         raise GradingError(f"no gradebook at {workspace / 'gradebook.db'}: run `python -m autograder "
                            f"--workspace {workspace} autograde SUBMITTED` first")
     cmd = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-           f"--ServerApp.root_dir={ROOT}", f"--IdentityProvider.token={token}",
-           "--ServerApp.default_url=/formgrader"]
+           f"--ServerApp.root_dir={ROOT}", f"--IdentityProvider.token={token}"]
     if not browser:
         cmd.append("--no-browser")
     if os.geteuid() == 0:
@@ -55,9 +56,9 @@ def main(argv: list[str] | None = None, workspace: Path | None = None) -> int:
     except GradingError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"formgrader on {ws / 'gradebook.db'}:\n  http://127.0.0.1:{args.port}/formgrader?token={token}\n"
-          "Ctrl-C stops it. Grades and comments saved there appear in `python -m autograder report`.",
-          flush=True)
+    print(f"formgrader on {ws / 'gradebook.db'}: open\n  http://127.0.0.1:{args.port}/lab?token={token}\n"
+          "then Nbgrader > Formgrader (or, in the same browser, /formgrader). Ctrl-C stops it. Grades and "
+          "comments saved there appear in `python -m autograder report` and `export`.", flush=True)
     try:
         return subprocess.call(cmd, env=env, cwd=cwd)
     except KeyboardInterrupt:

@@ -1,0 +1,134 @@
+"""A written answer graded by hand in nbgrader's formgrader, in a real browser (issue 33).
+
+alice's step-02 sample is graded by `python -m autograder autograde`; then the JupyterLab that
+`python -m autograder formgrader` starts (the same command line: `formgrader.lab_command`, in
+autograder/, on 127.0.0.1) serves the formgrader, and headless Chromium opens the assignment's list of
+submissions (after the printed /lab?token= address logged the browser in), clicks alice's, types points and a comment for her written answer as an instructor
+would, and leaves each field (the formgrader saves on change). `python -m autograder report` then
+carries the points and the comment into grades.csv and alice's page.
+
+Browser set-up as in tests/test_browser.py (Debian's chromium, pip's playwright; skipped with the
+reason where either cannot be had). Screenshots go to build/test-artifacts/browser/.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from autograder import cli, formgrader, model
+from test_browser import ARTIFACTS, _chromium, _free_port, _playwright
+
+A = "02_safe_softmax"
+WRITTEN = "written_safe_softmax"
+COMMENT = "Right about the three passes; say which result each one needs."
+
+
+def _submission_id(ws: Path, student: str) -> str:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{ws / 'gradebook.db'}") as gb:
+        return gb.find_submission_notebook(A, A, student).id
+
+
+def _manual(ws: Path, student: str) -> tuple:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{ws / 'gradebook.db'}") as gb:
+        g = gb.find_grade(WRITTEN, A, A, student)
+        c = gb.find_comment(WRITTEN, A, A, student)
+        return g.manual_score, g.needs_manual_grade, c.manual_comment
+
+
+@pytest.fixture(scope="module")
+def formgrader_lab(tmp_path_factory):
+    """alice's step 02 graded into a workspace, and the formgrader's JupyterLab on it: (base, token, ws)."""
+    root = tmp_path_factory.mktemp("formgrader")
+    ws, subs = root / "ws", root / "subs"
+    shutil.copytree(model.SAMPLES / "alice" / A, subs / "alice" / A)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    env.pop(model.JUDGE_ENV, None)
+    r = subprocess.run([sys.executable, "-m", "autograder", "--workspace", str(ws), "autograde", str(subs)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+    port, token = _free_port(), "t" + os.urandom(12).hex()
+    cmd, env, cwd = formgrader.lab_command(ws, port, token)
+    assert "--ip=127.0.0.1" in cmd and Path(cwd) == ROOT / "autograder"
+    env = dict(env, JUPYTER_CONFIG_DIR=str(root / ".jupyter-config"), OMP_NUM_THREADS="1")
+    log = open(root / "lab.log", "w")
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"JupyterLab did not start:\n{(root / 'lab.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield base, token, ws
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.mark.slow
+def test_written_answer_graded_in_the_formgrader(formgrader_lab):
+    chromium = _chromium()
+    sync_playwright = _playwright()
+    base, token, ws = formgrader_lab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    sid = _submission_id(ws, "alice")
+    assert _manual(ws, "alice")[:2] == (None, True), "alice's written answer is already graded"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{base}/lab?token={token}")       # the address the command prints: logs the browser in
+            page.locator(".jp-LabShell").wait_for(timeout=120_000)
+            page.goto(f"{base}/formgrader/gradebook/{A}/{A}")
+            link = page.locator(f"a[href$='/formgrader/submissions/{sid}']:visible").first
+            link.wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "formgrader_1_submissions.png"))
+            link.click()
+
+            score = page.locator(f"input.score#{WRITTEN}")
+            score.wait_for(timeout=60_000)
+            score.scroll_into_view_if_needed()
+            score.fill("1.5")
+            score.press("Tab")                      # the formgrader saves a score on change
+            comment = page.locator(f"textarea.comment#{WRITTEN}-comment")
+            comment.fill(COMMENT)
+            comment.press("Tab")
+            deadline = time.monotonic() + 30
+            while _manual(ws, "alice") != (1.5, False, COMMENT) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            page.screenshot(path=str(ARTIFACTS / "formgrader_2_graded.png"))
+        finally:
+            browser.close()
+    assert _manual(ws, "alice") == (1.5, False, COMMENT), _manual(ws, "alice")
+
+    assert cli.main(["--workspace", str(ws), "report"]) == 0
+    with open(ws / "grades.csv", newline="") as f:
+        (row,) = [r for r in csv.DictReader(f) if r["student"] == "alice"]
+    assert (row["score"], row["manual_pending"], row["manual_points"]) == ("9.5", "0", "1.5"), row
+    assert COMMENT in row["comments"], row
+    student_page = (ws / "report" / "students" / "alice.html").read_text(encoding="utf-8")
+    assert f"{A}: 9.5 / 10" in student_page and "1.5 / 2" in student_page and COMMENT in student_page
