@@ -9,7 +9,8 @@ course's one rule, and its message is the student's feedback. So the diagnosis i
 student gets from ``facourse`` while working, and no student code takes part in it.
 
 Every check takes ``fn`` and keyword arguments only: ``seed`` and ``device`` from the judge, the
-rest from the step's plan (``autograder/plans.py``), JSON values (dtypes as names).
+rest from the step's plan (``autograder/plans.py``), JSON values (dtypes as names). Most are a step
+module's check as it is (``adapt``: the JSON values converted); the few below say what they add.
 """
 from __future__ import annotations
 
@@ -33,24 +34,22 @@ def dtype_of(name):
     return None if name is None else getattr(torch, name)
 
 
-def entry_point(fn, *, seed, device, config, dtype=None, **kw):
-    check_entry_point(fn, config, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
+#: How a plan's JSON values become a check's arguments (dtypes by name; sequences as tuples).
+_ARGUMENTS = {"dtype": dtype_of, "dtypes": lambda names: tuple(dtype_of(d) for d in names), "workloads": tuple}
 
 
-def no_caching(fn, *, seed, device, config, dtype=None, **kw):
-    check_no_caching(fn, config, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
+def adapt(check, *, device: bool = True, **fixed):
+    """``check(fn, seed=, device=, **kwargs)`` as the judge calls every check: the plan's JSON values
+    converted (``_ARGUMENTS``), ``device`` left out for a check that runs where its own inputs live (on
+    the CPU: forked ranks, the TileLang stand-in, FlashInfer-Bench's objects), ``fixed`` added."""
+    def run(fn, *, seed, device=None, **kw):
+        kw = {k: _ARGUMENTS[k](v) if k in _ARGUMENTS and v is not None else v for k, v in kw.items()}
+        return check(fn, seed=seed, **({"device": device} if passes_device else {}), **fixed, **kw)
 
-
-def all_configs(fn, *, seed, device, dtypes, **kw):
-    check_all(fn, seed=seed, device=device, dtypes=tuple(dtype_of(d) for d in dtypes), **kw)
-
-
-def softmax(fn, *, seed, device, case, dtype=None, block_size=None):
-    check_softmax_fn(fn, case, seed=seed, device=device, dtype=dtype_of(dtype), block_size=block_size)
-
-
-def merge(fn, *, seed, device, case):
-    check_merge_fn(fn, case, seed=seed, device=device)
+    passes_device = device
+    run.__name__ = getattr(check, "__name__", "check")
+    run.__doc__ = check.__doc__
+    return run
 
 
 def padded_strides(fn, *, seed, device, config="ragged"):
@@ -100,55 +99,9 @@ def perf_correctness(fn, *, seed, device, config, dtype="float16", **kw):
                       expect_lse=True, **kw)
 
 
-# Step 08: ``fn`` is ``facourse.backward.forward_backward`` of the training entry point (plans' ``train``).
-def gradients(fn, *, seed, device, config, dtype=None, **kw):
-    check_forward_backward(fn, config, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
-
-
-def gradcheck(fn, *, seed, device):
-    gradcheck_forward_backward(fn, seed=seed, device=device)
-
-
 def perf_gradients(fn, *, seed, device, config, dtype="float16"):
     """The correctness half of a step-08 perf test: o and the gradients at the timed full size."""
     check_forward_backward(fn, get_config(config, device), seed=seed, device=device, dtype=dtype_of(dtype))
-
-
-# Step 09: ``fn`` is ``paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None)``.
-def paged(fn, *, seed, device, case, dtype=None, **kw):
-    check_paged_decode(fn, case, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
-
-
-def paged_bad_inputs(fn, *, seed, device):
-    check_paged_bad_inputs(fn, seed=seed, device=device)
-
-
-# Step 10: ``fn`` is ``flex_attention_triton(q, k, v, mask=, score_mod=, scale=, block_mask=)``, or for
-# ``block_mask`` the builder ``build_block_mask(mask, B, H, Sq, Skv, BLOCK_M, BLOCK_N, device)``.
-def variant(fn, *, seed, device, case, dtype=None, **kw):
-    check_variant(fn, case, seed=seed, device=device, dtype=dtype_of(dtype), **kw)
-
-
-def block_mask(fn, *, seed, device, case):
-    check_block_mask(fn, case, seed=seed, device=device)
-
-
-def tile_lists(fn, *, seed, device, case):
-    check_tile_lists(fn, case, seed=seed, device=device)
-
-
-def perf_variant(fn, *, seed, device, case):
-    check_perf_variant(fn, case, seed=seed, device=device)
-
-
-# Step 12: ``fn`` is the ring attention already run on the case's ranks (plans' ``ring``): a function of
-# the global q, k, v whose result is (o, lse), and with ``traffic`` the bytes each rank moved.
-def ring(fn, *, seed, device, case, dtype=None, scale=None, traffic=False):
-    check_ring(fn, case, seed=seed, dtype=dtype_of(dtype), scale=scale, traffic=traffic, distributed=False)
-
-
-def ring_merge(fn, *, seed, device):
-    check_merge_partials(fn, seed=seed)
 
 
 # Step 11: ``fn`` is the student's function as plans' ``interchange`` wraps it in the kernel
@@ -158,25 +111,32 @@ def definition(fn, *, seed, device):
     check_definition(fn())
 
 
-def definition_reference(fn, *, seed, device):
-    check_definition_reference(fn, seed=seed)
-
-
-def traces(fn, *, seed, device):
-    check_traces(fn, seed=seed)
-
-
-def routing(fn, *, seed, device, workloads):
-    check_routing(fn, seed=seed, workloads=tuple(workloads))
-
-
-def tilelang_cpu(fn, *, seed, device, cases):
-    """The TileLang program on the CPU stand-in (on CPU tensors on any grading machine, GPU or not)."""
-    check_tilelang_cpu(fn, seed=seed, cases=cases)
-
-
-CHECKS = {f.__name__: f for f in (entry_point, no_caching, all_configs, softmax, merge, padded_strides,
-                                  tile_skipping, perf_correctness, gradients, gradcheck, perf_gradients,
-                                  paged, paged_bad_inputs, variant, block_mask, tile_lists, perf_variant,
-                                  ring, ring_merge, definition, definition_reference, traces, routing,
-                                  tilelang_cpu)}
+# Step 08's checks get facourse.backward.forward_backward of the training entry point (plans' ``train``);
+# step 12's ``ring`` the ring already run on the case's ranks (plans' ``ring``): a function of the global
+# q, k, v whose result is (o, lse), and with ``traffic`` the bytes each rank moved.
+CHECKS = {
+    "entry_point": adapt(check_entry_point),
+    "no_caching": adapt(check_no_caching),
+    "all_configs": adapt(check_all),
+    "softmax": adapt(check_softmax_fn),
+    "merge": adapt(check_merge_fn),
+    "padded_strides": padded_strides,
+    "tile_skipping": tile_skipping,
+    "perf_correctness": perf_correctness,
+    "gradients": adapt(check_forward_backward),
+    "gradcheck": adapt(gradcheck_forward_backward),
+    "perf_gradients": perf_gradients,
+    "paged": adapt(check_paged_decode),
+    "paged_bad_inputs": adapt(check_paged_bad_inputs),
+    "variant": adapt(check_variant),
+    "block_mask": adapt(check_block_mask),
+    "tile_lists": adapt(check_tile_lists),
+    "perf_variant": adapt(check_perf_variant),
+    "ring": adapt(check_ring, device=False, distributed=False),
+    "ring_merge": adapt(check_merge_partials, device=False),
+    "definition": definition,
+    "definition_reference": adapt(check_definition_reference, device=False),
+    "traces": adapt(check_traces, device=False),
+    "routing": adapt(check_routing, device=False),
+    "tilelang_cpu": adapt(check_tilelang_cpu, device=False),
+}
