@@ -536,26 +536,19 @@ def check_paged_bad_inputs(fn, *, seed: int | None = None, device=None, verbose:
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AttentionCheckError(f"[bad_inputs] the function must return a pair (o, lse), got {type(result).__name__}")
     check_paged_result(result[0], result[1], PagedInputs(*valid), config="bad_inputs, the valid batch", seed=seed)
+    fix = "\n  likely cause: call facourse.decode.validate_paged_inputs(...) first in paged_decode"
     for what, args in bad:
         try:
             fn(*args)
+            failure = f"the call returned instead of raising AttentionInputError.{fix}"
         except AttentionInputError as err:
-            if not is_collecting() and not str(err).strip():
-                raise AttentionCheckError(f"[bad_inputs] {what}: the error says nothing; say what is wrong") from None
-            if verbose and not is_collecting():
-                print(f"[bad_inputs] {what}: {err}")
-            continue
+            failure = None if str(err).strip() else "the error says nothing; say what is wrong"
+            if verbose and not failure:
+                say(f"[bad_inputs] {what}: {err}")
         except Exception as err:               # noqa: BLE001 (any other error is the finding)
-            if is_collecting():
-                continue
-            raise AttentionCheckError(
-                f"[bad_inputs] {what}: the call raised {type(err).__name__} ({str(err)[:200]}), not "
-                "AttentionInputError.\n  likely cause: call facourse.decode.validate_paged_inputs(...) first "
-                "in paged_decode") from None
-        if not is_collecting():
-            raise AttentionCheckError(
-                f"[bad_inputs] {what}: the call returned instead of raising AttentionInputError.\n  likely "
-                "cause: call facourse.decode.validate_paged_inputs(...) first in paged_decode")
+            failure = f"the call raised {type(err).__name__} ({str(err)[:200]}), not AttentionInputError.{fix}"
+        if failure and not is_collecting():    # the judge replays the calls and decides
+            raise AttentionCheckError(f"[bad_inputs] {what}: {failure}") from None
 
 
 # ----------------------------------------------------------------------------- the bench
