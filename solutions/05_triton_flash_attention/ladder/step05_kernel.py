@@ -16,8 +16,8 @@ The switches (keyword arguments of ``attn_fwd``, alongside GROUP, D, CAUSAL, BLO
   (v2-v4); DEVICE_DESC: 2-D tensor descriptors built in the kernel per (batch, head) (v5, TMA);
   HOST_DESC: 4-D descriptors [B, H, S, D] built on the host and passed as Q, K, V, O (v6).
 
-The host helpers (``prepare``, ``kernel_args``, ``launch_fixed``, ``launch_tuned``, ``tma_ready``,
-``run_standalone``) are the parts of the wrappers every rung shares. Rung v1 (one tile only) keeps its
+The host helpers (``prepare``, ``kernel_args``, ``launch_fixed``, ``autotuned``, ``launch_tuned``,
+``tma_ready``, ``run_standalone``) are the parts of the wrappers every rung shares. Rung v1 (one tile only) keeps its
 own kernel. ``causal_split_bounds`` is also step 08's (its dQ loop splits the key tiles the same way).
 """
 import math
@@ -274,6 +274,14 @@ def launch_fixed(q, k, v, causal, scale, switches, config, launch):
     grid = (triton.cdiv(Sq, config["BLOCK_M"]), B * Hq)
     attn_fwd[grid](*args, **meta, **config, **({} if interpreting() else launch))
     return o, lse
+
+
+def autotuned(tiles, prune=None):
+    """``attn_fwd`` under ``triton.autotune``, trying each (BLOCK_M, BLOCK_N, num_warps, num_stages) of
+    ``tiles`` once per shape and causal flag; ``prune(configs, named_args)`` may narrow them per call."""
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
+    extra = {} if prune is None else {"prune_configs_by": {"early_config_prune": prune}}
+    return triton.autotune(configs, key=["Sq", "Skv", "D", "CAUSAL"], **extra)(attn_fwd)
 
 
 INTERPRET_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128}   # the interpreter cannot autotune

@@ -20,14 +20,12 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 import step05_kernel as fa  # noqa: E402  (sets up the interpreter without a GPU, before triton)
-
+import v2_online_softmax as v2  # noqa: E402
 
 # ----------------------------------------------------------------------------- switches and launch
 SWITCHES = dict(EXP2=False, CAUSAL_SPLIT=True, DESC=fa.POINTERS.value)
-CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
-LAUNCH = {"num_warps": 4, "num_stages": 2}
+CONFIG, LAUNCH = v2.CONFIG, v2.LAUNCH                     # v2's tiles and launch: only the split differs
 attn_fwd = fa.attn_fwd
-reference = fa.reference
 
 
 def flash_attention_triton(q, k, v, causal=False, scale=None):

@@ -19,18 +19,12 @@ import sys
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 import step05_kernel as fa  # noqa: E402  (sets up the interpreter without a GPU, before triton)
 
-import triton  # noqa: E402
-
 # ----------------------------------------------------------------------------- switches and launch
 SWITCHES = dict(EXP2=True, CAUSAL_SPLIT=True, DESC=fa.DEVICE_DESC.value)
 attn_fwd = fa.attn_fwd
-reference = fa.reference
 
-
-def _configs():
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
-                                 (128, 128, 8, 3), (64, 64, 4, 3)]]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the autotuner times each once per shape
+TILES = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3)]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -43,8 +37,7 @@ def _prune(configs, named_args, **kwargs):
     return configs
 
 
-attn_fwd_tuned = triton.autotune(_configs(), key=["Sq", "Skv", "D", "CAUSAL"],
-                                 prune_configs_by={"early_config_prune": _prune})(fa.attn_fwd)
+attn_fwd_tuned = fa.autotuned(TILES, prune=_prune)
 
 
 def flash_attention_triton(q, k, v, causal=False, scale=None):

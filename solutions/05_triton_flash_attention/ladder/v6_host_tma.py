@@ -45,7 +45,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 SWITCHES = dict(EXP2=True, CAUSAL_SPLIT=True, DESC=fa.HOST_DESC.value)
 INTERPRET = fa.INTERPRET
 attn_fwd = fa.attn_fwd
-reference = fa.reference
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg) by shape class, measured on an H100 by
 # tile_sweep.py (results/2026-11-22_h100_step05_tiles.json: ten candidates, `large` and the 4k-16k
