@@ -1,18 +1,20 @@
 """Shared by every rung of step 09 (a support file, no rung): the interpreter set-up, the exercise's
-cells (v3 is them; v2 and v4 reuse its merge kernel), the split-count heuristic, and the per-head
-key loop that v1 and v2 share.
+cells (v3 is them; v2 and v4 reuse its merge kernel), the wrappers' common start, the split-count
+heuristic, and the per-head key loop that v1 and v2 share.
 
 Its name is the step's own (``import decode_common``, after the rung puts its folder on sys.path):
 step 08's ladder has a ``common.py``, and one process (pytest, benchmarks/ladder.py) may load both.
 """
 from __future__ import annotations
 
+import math
 import types
 
 import torch
 
 from facourse import steps
-from facourse.triton_setup import interpret_without_gpu
+from facourse.decode import validate_paged_inputs
+from facourse.triton_setup import TRITON_HEAD_DIMS, interpret_without_gpu
 
 INTERPRET = interpret_without_gpu()  # before triton is imported anywhere
 
@@ -34,6 +36,17 @@ def exercise_module() -> types.ModuleType:
     """The exercise's solution cells run as one module, once per process: ``split_kv_kernel``,
     ``merge_kernel``, ``paged_decode``, ``sm_count``, ``BLOCK_N`` ... (facourse.steps.exercise_module)."""
     return steps.exercise_module("09", EXERCISE_CELLS)
+
+
+# ----------------------------------------------------------------------------- host wrappers
+def prepare(q, k_cache, v_cache, block_table, seq_lens, scale):
+    """A wrapper's common start: the contract's checks (facourse.decode), the default scale, o and lse
+    allocated (o like q, lse float32 [B, Hq, Sq]). Returns (o, lse, scale)."""
+    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, head_dims=TRITON_HEAD_DIMS)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    return o, lse, scale
 
 
 # ----------------------------------------------------------------------------- launch sizes

@@ -28,19 +28,14 @@ cutting each sequence's keys into splits.
 
 Run on its own:  python v1_one_program_per_head.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_common as common  # noqa: E402 (sets up the interpreter without a GPU, before triton is imported)
 
-import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
-from facourse.decode import validate_paged_inputs  # noqa: E402
-from facourse.triton_setup import TRITON_HEAD_DIMS  # noqa: E402
 
 attend_one_head = common.attend_one_head
 # The interpreter runs each tile op as NumPy calls: fewer, larger tiles are faster there.
@@ -69,13 +64,11 @@ def decode_kernel(Q, K, V, TABLE, LENS, O, LSE,
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None):
-    """(o, lse) of the last Sq tokens of each sequence against its paged keys and values."""
-    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, head_dims=TRITON_HEAD_DIMS)
+    """(o, lse) of the last Sq tokens of each sequence against its paged keys and values: one program
+    per (sequence, query head), no split."""
+    o, lse, scale = common.prepare(q, k_cache, v_cache, block_table, seq_lens, scale)
     B, Hq, Sq, D = q.shape
     page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    o = torch.empty_like(q)
-    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     if B * Hq * Sq == 0:
         return o, lse
     decode_kernel[(B * Hq,)](

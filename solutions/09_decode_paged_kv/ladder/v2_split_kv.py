@@ -30,7 +30,6 @@ and cross-thread sums per key), not by memory; v3's tl.dot and GQA packing remov
 
 Run on its own:  python v2_split_kv.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
-import math
 import sys
 from pathlib import Path
 
@@ -40,9 +39,6 @@ import decode_common as common  # noqa: E402 (sets up the interpreter without a 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
-from facourse.decode import validate_paged_inputs  # noqa: E402
-from facourse.triton_setup import TRITON_HEAD_DIMS  # noqa: E402
 
 attend_one_head = common.attend_one_head
 BLOCK_N, LAUNCH = (128, {}) if common.INTERPRET else (32, {"num_warps": 8})
@@ -73,13 +69,11 @@ def split_kv_kernel(Q, K, V, TABLE, LENS, O_PART, LSE_PART,
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None):
-    """(o, lse) of the last Sq tokens of each sequence against its paged keys and values."""
-    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, head_dims=TRITON_HEAD_DIMS)
+    """(o, lse) of the last Sq tokens of each sequence against its paged keys and values: each sequence's
+    keys cut into splits, one program per (split, sequence, query head), then the merge."""
+    o, lse, scale = common.prepare(q, k_cache, v_cache, block_table, seq_lens, scale)
     B, Hq, Sq, D = q.shape
     page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    o = torch.empty_like(q)
-    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     if B * Hq * Sq == 0:
         return o, lse
     num_splits, split_len = common.split_plan(block_table.shape[1] * page_size, B * Hq,

@@ -52,7 +52,6 @@ the bytes of K and V are all that count.
 
 Run on its own:  python v4_tuned.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """
-import math
 import sys
 from pathlib import Path
 
@@ -62,9 +61,6 @@ import decode_common as common  # noqa: E402 (sets up the interpreter without a 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
-from facourse.decode import validate_paged_inputs  # noqa: E402
-from facourse.triton_setup import TRITON_HEAD_DIMS  # noqa: E402
 
 WAVES = 4              # programs per SM the split plan aims for
 MAX_SPLITS = 64
@@ -178,14 +174,12 @@ merge_partials = common.merge           # (o_part, lse_part, o, lse, num_splits)
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None):
-    """(o, lse) of the last Sq tokens of each sequence against its paged keys and values."""
-    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale, head_dims=TRITON_HEAD_DIMS)
+    """(o, lse) of the last Sq tokens of each sequence against its paged keys and values: v3's packed
+    GQA groups, tuned tiles, and one pass with no merge when a single split fills the GPU."""
+    o, lse, scale = common.prepare(q, k_cache, v_cache, block_table, seq_lens, scale)
     B, Hq, Sq, D = q.shape
     page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
     G = Hq // Hkv
-    o = torch.empty_like(q)
-    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     if B * Hq * Sq == 0:
         return o, lse
     num_splits, split_len = common.split_plan(block_table.shape[1] * page_size, B * Hkv,

@@ -17,7 +17,7 @@ import variants_common as vc  # noqa: E402  (sets up the interpreter without a G
 
 
 def flex_attention_triton(q, k, v, mask=None, score_mod=None, scale=None, block_mask=None):
-    """Attention with a mask and a score modifier (facourse.variants.Mod, or None). q [B, Hq, Sq, D],
-    k and v [B, Hkv, Skv, D]. Returns (o, lse). ``block_mask`` is accepted and unused: no tile is
-    skipped."""
+    """Attention with a mask and a score modifier (facourse.variants.Mod, or None), the mask read from
+    a bool tensor built on the host. q [B, Hq, Sq, D], k and v [B, Hkv, Skv, D]. Returns (o, lse).
+    ``block_mask`` is accepted and unused: no tile is skipped."""
     return vc.run_every_tile(q, k, v, mask, score_mod, scale, dense=True)

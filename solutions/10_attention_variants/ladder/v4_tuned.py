@@ -84,12 +84,7 @@ def flex_fwd_tuned(Q, K, V, O, LSE, PARTIAL_NUM, PARTIAL_IDX, FULL_NUM, FULL_IDX
     """Q, K, V, O: 4-D descriptors [B, H, S, D] with [1, 1, BLOCK, D] tiles."""
     Tq = tl.cdiv(Sq, BLOCK_M)
     pid_m = Tq - 1 - tl.program_id(0)                               # last query tile first
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    h_kv = h // GROUP
-    start_m = pid_m * BLOCK_M
-    i = start_m + tl.arange(0, BLOCK_M)[:, None]
+    bh, b, h, h_kv, start_m, i = vc.query_tile(pid_m, Hq, GROUP, BLOCK_M)
     q = Q.load([b, h, start_m, 0]).reshape(BLOCK_M, D)
 
     row = ((b % Bm) * Hm + h % Hm) * Tq + pid_m

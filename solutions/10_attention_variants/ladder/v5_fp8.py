@@ -29,8 +29,12 @@ import math
 import os
 import sys
 
-sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.append(HERE)
 import variants_common as vc  # noqa: E402  (sets up the interpreter without a GPU, before triton)
+
+sys.path.append(os.path.join(HERE, "..", "..", "05_triton_flash_attention", "ladder"))
+from step05_kernel import causal_split_bounds  # noqa: E402  (key tiles [0, end_free) unmasked, to hi masked)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -93,12 +97,7 @@ def fp8_fwd(Q, K, VT, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V, Hq, Hkv, Sq, Skv,
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.cdiv(Sq, BLOCK_M) - 1 - pid_m                    # longest query tiles first
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    h_kv = h // GROUP
-    start_m = pid_m * BLOCK_M
-    i = start_m + tl.arange(0, BLOCK_M)[:, None]
+    bh, b, h, h_kv, start_m, i = vc.query_tile(pid_m, Hq, GROUP, BLOCK_M)
     q = Q.load([b, h, start_m, 0]).reshape(BLOCK_M, D)              # rows past Sq: 0
     # S in log2 units = s8 * scale * descale_q * descale_k * log2(e): one factor
     qk_scale = scale * tl.load(DESCALE_Q + b * Hq + h) * tl.load(DESCALE_K + b * Hkv + h_kv) * 1.4426950408889634
@@ -107,13 +106,7 @@ def fp8_fwd(Q, K, VT, O, LSE, DESCALE_Q, DESCALE_K, DESCALE_V, Hq, Hkv, Sq, Skv,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     off = Skv - Sq                                                  # bottom-right alignment
-    full_n = (Skv // BLOCK_N) * BLOCK_N                             # tiles with no ragged column
-    if CAUSAL:
-        end_free = tl.minimum(tl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N, full_n)
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + off, 0), Skv)
-    else:
-        end_free = full_n
-        hi = Skv
+    end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)   # step 05's split
     acc, m_i, l_i = fp8_tiles(acc, m_i, l_i, q, K, VT, b, h_kv, i, 0, end_free, Skv, off, qk_scale,
                               False, CAUSAL, D, BLOCK_N)         # off-band tiles: no mask
     acc, m_i, l_i = fp8_tiles(acc, m_i, l_i, q, K, VT, b, h_kv, i, end_free, hi, Skv, off, qk_scale,

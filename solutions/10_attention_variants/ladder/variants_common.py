@@ -71,6 +71,19 @@ def tma_ready(t) -> bool:
 
 
 @triton.jit
+def query_tile(pid_m, Hq, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Where query tile pid_m of this program (axis 1: batch x query head) lies: (bh, b, h, h_kv,
+    start_m, i), h_kv = h // GROUP the KV head it reads (GQA), i its rows [BLOCK_M, 1]."""
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    h_kv = h // GROUP
+    start_m = pid_m * BLOCK_M
+    i = start_m + tl.arange(0, BLOCK_M)[:, None]
+    return bh, b, h, h_kv, start_m, i
+
+
+@triton.jit
 def finish(acc, m_i, l_i):
     """O = acc / l and lse = ln 2 * (m + log2 l); a row that saw no key: O = 0, lse = -inf."""
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)

@@ -139,3 +139,11 @@ class Accumulator:
     def result(self, dtype: torch.dtype):
         """(o in ``dtype``, lse float32)."""
         return self.o.to(dtype), self.lse
+
+
+# ----------------------------------------------------------------------------- run on its own
+def run_standalone(ring_attention, **check) -> None:
+    """``python vN_....py``: every ring case, on CPU ranks (gloo), through facourse.ring.check_ring."""
+    from facourse.ring import RING_CASES, check_ring
+    for case in RING_CASES:
+        check_ring(ring_attention, case, **check)

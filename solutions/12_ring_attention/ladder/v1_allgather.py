@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-from ring_common import attend, join_ring, mark  # noqa: E402
+from ring_common import attend, join_ring, mark, run_standalone  # noqa: E402
 
 
 def gather_sequence(k, v, ring):
@@ -59,7 +59,5 @@ def ring_attention(q, k, v, causal=False, scale=None, group=None):
     return o, lse
 
 
-if __name__ == "__main__":                          # every ring case, on CPU ranks (gloo)
-    from facourse.ring import RING_CASES, check_ring
-    for case in RING_CASES:
-        check_ring(ring_attention, case)
+if __name__ == "__main__":
+    run_standalone(ring_attention)

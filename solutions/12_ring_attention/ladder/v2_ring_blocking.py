@@ -26,7 +26,7 @@ import sys
 import torch.distributed as dist
 
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-from ring_common import Accumulator, attend, join_ring, mark  # noqa: E402
+from ring_common import Accumulator, attend, join_ring, mark, run_standalone  # noqa: E402
 
 LAYOUT = "contiguous"
 
@@ -68,7 +68,5 @@ def ring_attention(q, k, v, causal=False, scale=None, group=None):
     return acc.result(q.dtype)
 
 
-if __name__ == "__main__":                          # every ring case, on CPU ranks (gloo)
-    from facourse.ring import RING_CASES, check_ring
-    for case in RING_CASES:
-        check_ring(ring_attention, case, layout=LAYOUT)
+if __name__ == "__main__":
+    run_standalone(ring_attention, layout=LAYOUT)
