@@ -82,6 +82,11 @@ def header(d: dict) -> str:
             + f"; timing: {d['timing']}{what}")
 
 
+def table(d: dict) -> str:
+    """A run's main table, as its kind renders it (the solution's timings; step 09's, 10's, 12's rungs)."""
+    return globals()[kinds.of_results(d).table](d)
+
+
 def solution_table(d: dict, train: bool = False) -> str:
     """The solution on every timed configuration: TFLOP/s, against FA2 and against cuDNN (step 08:
     the backward, or with ``train`` forward + backward)."""

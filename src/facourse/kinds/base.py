@@ -44,6 +44,8 @@ class Kind:
     label = ""
     #: what a timed bench row must hold (facourse.schema.Run.check)
     bench_keys: tuple[str, ...] = ("ref_backend", "tflops", "tflops_ref", "ratio", "ms", "ms_ref")
+    #: the facourse.results function that renders a run of this kind for the README and the lectures
+    table = "solution_table"
     #: row keys the lectures keep besides the common ones (facourse.results.compact)
     extra_row_keys: tuple[str, ...] = ()
 

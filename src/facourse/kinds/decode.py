@@ -12,6 +12,7 @@ class Decode(Kind):
     rate_key, unit, per_second = "gbps", "GB/s", 1e9
     work_unit = "GB/s of K/V"
     bound = "memory"
+    table = "decode_table"
     bench_keys = ("ref_backend", "gbps", "gbps_ref", "ratio", "copy_fraction", "ms", "ms_ref")
     note = "; a decode's rate is the bytes of K and V it must read over its time"
 

@@ -30,6 +30,7 @@ class Ring(Kind):
     name = "ring"
     label = " (ring)"
     world = 2
+    table = "ring_table"
     note = "; speedup = t_one_GPU / t_step, efficiency = speedup / ranks"
     extra_row_keys = ROW_KEYS
     bench_keys = ("world", "ms", "rank_ms", "compute_ms", "wait_ms", "transfer_ms", "shard_mb")

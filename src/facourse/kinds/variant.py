@@ -10,6 +10,7 @@ from .base import Bench, Kind, row_of
 class Variant(Kind):
     name = "variant"
     label = " (variant)"
+    table = "variant_table"
 
     def check_cases(self, m, r, solution):
         from ..variants import VARIANT_CASES
