@@ -45,18 +45,6 @@ class CheckReport:
                 f"(allowed {self.allowed_abs_err:.2e}), relative {self.rel_err:.2e}{lse}")
 
 
-# the private names decode, variants and ring import until they move onto facourse.rule
-_max_abs, _ranges, _masked_attention, _normalise = max_abs, ranges, masked_attention, normalise_result
-
-
-def _check_lse(lse, ref_lse, q, tag) -> float:
-    return check_lse(lse, ref_lse, q, tag)
-
-
-def _fmt_rows(bad_rows: torch.Tensor, Sq: int) -> str:
-    return describe_rows(bad_rows)
-
-
 # ----------------------------------------------------------------------------- mistakes
 LN2 = 0.6931471805599453
 
