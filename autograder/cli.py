@@ -3,6 +3,7 @@
     python -m autograder release                  # solutions/ -> exercises/ (nbgrader generate_assignment)
     python -m autograder autograde SUBMISSIONS    # SUBMISSIONS/<student>/<assignment>/<notebook>.ipynb
            [--jobs N] [--timeout S] [--cell-timeout S] [--force] [--trust STUDENT]
+           [--student NAME] [--wait]                # re-grade only NAME (repeatable); queue behind a run
            [--cluster auto|HOST:PORT|ray://HOST:PORT [--retries N]]   # grade on a Ray cluster
     python -m autograder report                   # grades CSV + HTML report from the workspace
     python -m autograder export                   # grades CSV + table from the gradebook, and for an LMS:
@@ -29,6 +30,7 @@ from .gradebook import export, load_results
 from .model import DEFAULT_WORKSPACE, SAMPLES, GradingError
 from .report import print_report
 from .staging import release
+from .grader import Interrupted
 from .workers import UNGRADED, autograde
 
 
@@ -43,10 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("assignments", nargs="*")
 
     def grading_options(g, jobs=1):
-        g.add_argument("--timeout", type=float, default=1800,
-                       help="seconds per submission, the whole notebook (default 1800)")
+        g.add_argument("--timeout", type=float, default=None,
+                       help="seconds per submission, the whole notebook (default: per step, from measured "
+                            "grading times: autograder/README.md, 'Grading times and timeouts')")
         g.add_argument("--cell-timeout", type=float, default=None,
-                       help="seconds per cell (default: FACOURSE_CELL_TIMEOUT or 600)")
+                       help="seconds per cell (default: FACOURSE_CELL_TIMEOUT, else half the notebook's)")
+        g.add_argument("--student", action="append", default=[], metavar="NAME",
+                       help="grade only this student's submissions, afresh (repeatable); the CSV and the "
+                            "report still cover the whole workspace")
+        g.add_argument("--wait", action="store_true",
+                       help="when another run holds the workspace, wait for it instead of refusing")
         g.add_argument("--jobs", "-j", type=int, default=jobs,
                        help=f"submissions graded at once (default {jobs}; with GPUs, at most one per GPU)")
         g.add_argument("--force", action="store_true",
@@ -93,15 +101,26 @@ def main(argv: list[str] | None = None) -> int:
             release(args.assignments, ws)
         elif args.cmd in ("autograde", "demo"):
             t0 = time.perf_counter()
-            # demo: every sample (the release into the workspace, cached by source hash, is autograde's);
-            # one torch thread per kernel, --jobs kernels at once (as the demo was timed: README)
-            if args.cmd == "demo":
-                os.environ.setdefault("OMP_NUM_THREADS", "1")
+            # one BLAS thread per worker, the judge's included: --jobs of them share the cores
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
             subs = args.submissions if args.cmd == "autograde" else SAMPLES
-            results = autograde(subs, ws, getattr(args, "assignment", None), args.timeout,
-                                jobs=args.jobs, cell_timeout=args.cell_timeout, force=args.force,
-                                trusted=set(args.trust), cluster=args.cluster, retries=args.retries)
+            try:
+                results = autograde(subs, ws, getattr(args, "assignment", None), args.timeout,
+                                    jobs=args.jobs, cell_timeout=args.cell_timeout, force=args.force,
+                                    trusted=set(args.trust), cluster=args.cluster, retries=args.retries,
+                                    students=args.student, wait_lock=args.wait)
+            except Interrupted as err:      # one line; what finished stays recorded
+                print("\n" + getattr(err, "summary", f"interrupted by {err.signame} before grading "
+                                      "started: nothing recorded"), file=sys.stderr)
+                return 143 if err.signame == "SIGTERM" else 130
             lost = [r for r in results if r.status.startswith(UNGRADED)]
+            if args.student or getattr(args, "assignment", None):    # the CSV and report: every record
+                fresh = {(r.student, r.assignment) for r in results}
+                for r in load_results(ws):
+                    if (r.student, r.assignment) not in fresh:
+                        r.reused = True
+                        results.append(r)
+                results.sort(key=lambda r: (r.student, r.assignment))
             print_report([r for r in results if not r.status.startswith(UNGRADED)],
                          getattr(args, "csv", None) or ws / "grades.csv", workspace=ws,
                          seconds=time.perf_counter() - t0)

@@ -3,7 +3,7 @@
 The machine that runs ``python -m autograder`` (the driver) stays the only writer of the gradebook
 and of results/<student>/<assignment>.json. Each submission goes to the cluster as one task; the
 task grades it on some node, in a private temporary folder, with the function a local worker uses
-(:func:`workers.grade_submission`), so the judge runs there, beside the nbgrader kernel it serves.
+(:func:`grader.grade_submission`), so the judge runs there, beside the nbgrader kernel it serves.
 What travels: with the task, the submission's files as bytes; once per run (Ray's object store),
 the release of its assignment and the template gradebook. What comes back: the Result and, as
 bytes, the graded notebooks and the staged copy, which the driver publishes and records as it does a
@@ -16,7 +16,7 @@ grading machine does; a task refuses to grade on a node whose grading sources (`
 A submission whose assignment has a GPU test (``plans.py``: ``needs``) takes one GPU
 (``num_gpus=1``: Ray sets its CUDA_VISIBLE_DEVICES, and the task runs in a fresh worker process),
 the others one CPU. A task whose worker process or node dies is run again by Ray, up to
-``retries`` times; one lost every time comes back ungraded (:data:`workers.UNGRADED`): nothing is
+``retries`` times; one lost every time comes back ungraded (:data:`grader.UNGRADED`): nothing is
 recorded for it, so the same command started again grades it, and no student gets a 0 from it.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import grader
 from .model import SOLUTIONS, GradingError, Result, atomic_write, hash_tree, result_path
 
 INSTALL = 'pip install "ray[default]"'
@@ -94,10 +95,8 @@ def grade_task(student: str, a: str, key: str, source_key: str, files: dict[str,
                release: dict[str, bytes], template: bytes, timeout: float, cell_timeout: float | None,
                trusted: bool, gpu: bool) -> tuple[dict, dict, str]:
     """Grade one submission on this node: (the Result as JSON, the files to keep, the node's name)."""
-    from . import workers
-
     node = socket.gethostname()
-    if hash_tree(SOLUTIONS / a, *workers.GRADING_SOURCES) != source_key:
+    if hash_tree(SOLUTIONS / a, *grader.GRADING_SOURCES) != source_key:
         raise GradingError(f"node {node} grades {a} with other sources than the machine that runs "
                            f"the command (solutions/{a}, thresholds.toml, plans.py, checks.py, judge.py, "
                            "scan.py): check out the same commit there")
@@ -115,7 +114,7 @@ def grade_task(student: str, a: str, key: str, source_key: str, files: dict[str,
         unpack(files, base / "submission")
         (base / "template.db").write_bytes(template)
         priv = base / "work"
-        res = workers.grade_submission(base / "submission", priv, base / "release", base / "template.db",
+        res = grader.grade_submission(base / "submission", priv, base / "release", base / "template.db",
                                        student, a, timeout=timeout, cell_timeout=cell_timeout, gpu=gpu_id,
                                        key=key, gpu_index=gpu_index, trusted=trusted)
         keep = {sub: pack(priv / sub / student / a) for sub in ("autograded", "submitted")}
@@ -134,13 +133,16 @@ def _gpu_task(*args):
 
 # ----------------------------------------------------------------------------- the driver
 def grade(todo: list[tuple[str, str, str]], submissions: Path, workspace: Path, source_key: dict[str, str],
-          *, timeout: float, cell_timeout: float | None, trusted, retries: int = 2, quiet: bool = False):
+          *, limits: dict[str, tuple[float, float | None]], trusted, retries: int = 2, quiet: bool = False,
+          stop=None):
     """Send each (student, assignment, key) of ``todo`` to the cluster (:func:`connect` first); yield
     (student, assignment, Result) as tasks finish, a graded one already published in ``workspace``
-    (graded notebooks, staged copy, results/…json), a lost one with an ``ungraded: `` status."""
+    (graded notebooks, staged copy, results/…json), a lost one with an ``ungraded: `` status.
+    ``limits``: per assignment, the notebook's and a cell's time limits. When ``stop`` (an Event)
+    is set, the tasks still running are cancelled and nothing more is yielded."""
     import ray
 
-    from .workers import UNGRADED
+    UNGRADED = grader.UNGRADED
 
     has_gpu = ray.cluster_resources().get("GPU", 0) > 0
     gpu_todo = sorted({a for _, a, _ in todo if needs_gpu(a)})
@@ -156,12 +158,12 @@ def grade(todo: list[tuple[str, str, str]], submissions: Path, workspace: Path, 
     for student, a, key in todo:
         task = gpu_task if has_gpu and a in gpu_todo else cpu_task
         ref = task.remote(student, a, key, source_key[a], pack(submissions / student / a), release[a],
-                          template, timeout, cell_timeout, student in trusted)
+                          template, *limits[a], student in trusted)
         tasks[ref] = (student, a)
     pending = list(tasks)
     try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+        while pending and not (stop is not None and stop.is_set()):
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
             for ref in done:
                 student, a = tasks[ref]
                 try:
@@ -176,6 +178,7 @@ def grade(todo: list[tuple[str, str, str]], submissions: Path, workspace: Path, 
                                  "again to grade it")
                 else:
                     res = Result.from_json(out)
+                if not res.status.startswith(UNGRADED):
                     for sub in ("autograded", "submitted"):
                         unpack(keep[sub], workspace / sub / student / a)
                     atomic_write(result_path(workspace, student, a), json.dumps(res.to_json(), indent=1))

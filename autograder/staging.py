@@ -5,6 +5,7 @@ the original submission files are never modified.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -24,6 +25,9 @@ def nbgrader_env(workspace: Path, **extra) -> dict:
     # Hidden tests import grading helpers (autograder.perf, autograder.guards) from the repository.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # Workers run side by side: one BLAS/OpenMP thread each, so --jobs kernels do not fight over cores.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(var, "1")
     # Step 11's flashinfer_bench builds solutions and caches apply tables under FIB_CACHE_PATH: one per
     # submission's workspace, so that no grading run reads what another one built.
     env["FIB_CACHE_PATH"] = str(workspace / "fib_cache")
@@ -76,22 +80,45 @@ for a in sys.argv[1:]:
 
 
 # ----------------------------------------------------------------------------- staging
-def discover(submissions: Path, selected: list[str] | None) -> list[tuple[str, str]]:
+def discover(submissions: Path, selected: list[str] | None, students: list[str] | None = None,
+             skipped: list[str] | None = None) -> list[tuple[str, str]]:
+    """Every (student, assignment) under ``submissions``, of the ``selected`` assignments and
+    ``students`` when given; what is neither (unknown folders, loose files) goes to ``skipped``,
+    one line each, and a name in ``selected`` or ``students`` with nothing under it is an error."""
     if not submissions.exists():
         raise GradingError(f"submission folder {submissions} does not exist")
     if not submissions.is_dir():
         raise GradingError(f"{submissions} is a file; expected a folder laid out as "
                            "<student>/<assignment>/<notebook>.ipynb")
     known = set(assignments())
+    unknown = sorted(set(selected or ()) - known)
+    if unknown:
+        raise GradingError(f"no assignment {', '.join(unknown)} in solutions/; known: {', '.join(sorted(known))}")
+    skipped = [] if skipped is None else skipped
     pairs = []
-    for student in sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for a in sorted(p.name for p in student.iterdir() if p.is_dir()):
-            if a in known and (not selected or a in selected):
-                pairs.append((student.name, a))
+    folders = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    missing = sorted(set(students or ()) - {p.name for p in folders})
+    if missing:
+        raise GradingError(f"no submission folder for student {', '.join(missing)} under {submissions}")
+    for student in folders:
+        if students and student.name not in students:
+            continue
+        for p in sorted(student.iterdir()):
+            if p.name.startswith(".") or p.name in ("__pycache__", ".ipynb_checkpoints"):
+                continue
+            if p.is_dir() and p.name in known:
+                if not selected or p.name in selected:
+                    pairs.append((student.name, p.name))
+                continue
+            near = difflib.get_close_matches(p.stem if p.is_file() else p.name, sorted(known), n=1)
+            what = "a file, not an assignment folder" if p.is_file() else "not an assignment of this course"
+            skipped.append(f"{student.name}/{p.name}: {what}"
+                           + (f" (did you mean {near[0]}/?)" if near else ""))
     if not pairs:
         raise GradingError(f"no submissions found under {submissions}: expected "
                            f"<student>/<assignment>/<notebook>.ipynb with an assignment among "
-                           f"{', '.join(sorted(known))}")
+                           f"{', '.join(sorted(known))}"
+                           + (f"; skipped: {'; '.join(skipped[:5])}" if skipped else ""))
     return pairs
 
 
@@ -101,7 +128,8 @@ def precheck(folder: Path, assignment: str) -> str | None:
     present = sorted(p.name for p in folder.glob("*.ipynb"))
     if not any(f"{nb}.ipynb" in present for nb in expected):
         return (f"missing notebook {', '.join(n + '.ipynb' for n in expected)} "
-                f"(found: {', '.join(present) or 'no notebook'})")
+                f"(found: {', '.join(present) or 'no notebook'})"
+                + ("; rename the one to grade" if len(present) > 1 else ""))
     for nb in expected:
         path = folder / f"{nb}.ipynb"
         if not path.exists():
@@ -117,6 +145,72 @@ def precheck(folder: Path, assignment: str) -> str | None:
 
 def grade_id(cell) -> str | None:
     return (cell.get("metadata") or {}).get("nbgrader", {}).get("grade_id")
+
+
+def repair(folder: Path, assignment: str, release_dir: Path = EXERCISES) -> list[str]:
+    """Fix, in the staged copy, what would make nbgrader crash or grade the wrong cells; returns
+    each repair in plain words for the status.
+
+    A single notebook under another name is graded as the assignment's notebook. A cell whose
+    ``grade_id`` is missing, unknown or a duplicate takes back the release's id it lost when one
+    of the same kind is missing; otherwise a solution cell stays as the student's own code (its
+    nbgrader metadata dropped) and a copy of a locked cell goes (it would run a test twice).
+    """
+    notes = []
+    expected = notebooks_of(assignment)
+    present = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+    if len(expected) == 1 and len(present) == 1 and present[0].name != f"{expected[0]}.ipynb":
+        present[0].rename(folder / f"{expected[0]}.ipynb")
+        notes.append(f"{present[0].name} taken as {expected[0]}.ipynb, the notebook of {assignment}")
+    for nb in expected:
+        path, ref = folder / f"{nb}.ipynb", release_dir / assignment / f"{nb}.ipynb"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            cells = data["cells"]
+            release_cells = json.loads(ref.read_text(encoding="utf-8"))["cells"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue            # precheck says what is wrong with it
+        if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+            continue
+
+        def kind(cell):
+            m = (cell.get("metadata") or {}).get("nbgrader") or {}
+            return cell.get("cell_type"), bool(m.get("grade")), bool(m.get("solution")), bool(m.get("locked"))
+
+        released = {grade_id(c): kind(c) for c in release_cells if grade_id(c)}
+        ids = [grade_id(c) if isinstance((c.get("metadata") or {}).get("nbgrader"), dict) else None
+               for c in cells]
+        missing = [g for g in released if g not in ids]
+        seen, keep, changed = set(), [], False
+        for i, cell in enumerate(cells):
+            meta = (cell.get("metadata") or {}).get("nbgrader")
+            if not isinstance(meta, dict):
+                keep.append(cell)
+                continue
+            g = meta.get("grade_id")
+            if g in released and g not in seen:
+                seen.add(g)
+                keep.append(cell)
+                continue
+            changed = True
+            what = f"cell {i + 1}" + (f" (grade_id {g!r})" if g else " (no grade_id)")
+            match = next((m for m in missing if released[m] == kind(cell)), None)
+            if match is not None:
+                missing.remove(match)
+                seen.add(match)
+                meta["grade_id"] = match
+                keep.append(cell)
+                notes.append(f"{what} graded as the release's {match!r}")
+            elif meta.get("locked") or (meta.get("grade") and not meta.get("solution")):
+                notes.append(f"{what}: a copy of a locked cell, left out")
+            else:
+                del cell["metadata"]["nbgrader"]
+                keep.append(cell)
+                notes.append(f"{what}: not a cell of the release, run as the student's own code")
+        if changed:
+            data["cells"] = keep
+            path.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+    return notes
 
 
 def restore_deleted_cells(path: Path, assignment: str, release_dir: Path = EXERCISES) -> list[str]:

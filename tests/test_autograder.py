@@ -178,12 +178,15 @@ def test_bundle_has_no_grading_material(tmp_path):
 
 
 def test_wrong_file_name_and_missing_folder(tmp_path):
+    """Two notebooks, neither under the assignment's name: not graded, and the status says which
+    name to use (a single notebook under another name is graded: tests/test_grading_ops.py)."""
     d = tmp_path / "subs" / "dave" / "01_vanilla_attention"
     d.mkdir(parents=True)
-    (d / "my_attempt.ipynb").write_text(json.dumps(release_notebook("01_vanilla_attention")))
+    for name in ("my_attempt.ipynb", "my_attempt_v2.ipynb"):
+        (d / name).write_text(json.dumps(release_notebook("01_vanilla_attention")))
     res = workers.autograde(tmp_path / "subs", tmp_path / "ws", quiet=True)
     assert res[0].score == 0 and "missing notebook 01_vanilla_attention.ipynb" in res[0].status
-    assert "my_attempt.ipynb" in res[0].status
+    assert "my_attempt.ipynb" in res[0].status and "rename the one to grade" in res[0].status
     with pytest.raises(model.GradingError, match="does not exist"):
         workers.autograde(tmp_path / "nowhere", tmp_path / "ws", quiet=True)
     with pytest.raises(model.GradingError, match="no submissions found"):

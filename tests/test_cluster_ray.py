@@ -150,7 +150,8 @@ def _misnamed(subs: Path, students) -> Path:
     """Submissions with a wrong file name: graded (a 0 the student earned) in a second, no nbgrader."""
     for s in students:
         (subs / s / A).mkdir(parents=True)
-        (subs / s / A / "my_attempt.ipynb").write_text("{}")
+        for name in ("my_attempt.ipynb", "my_attempt_v2.ipynb"):     # two: neither is taken as the notebook
+            (subs / s / A / name).write_text("{}")
     return subs
 
 
