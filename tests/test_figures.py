@@ -76,7 +76,8 @@ class Record:
     config: str | None
     text: str
     values: dict
-    backend: str | None = None     # the reference a row's ratio is against         # unit -> [values]; rates are the record's own first, then its reference's
+    backend: str | None = None     # the reference a row's ratio is against
+    dtype: str | None = None         # unit -> [values]; rates are the record's own first, then its reference's
 
     def add(self, unit: str, v: float):
         self.values.setdefault(unit, []).append(v)
@@ -100,7 +101,7 @@ def _json_records(name: str, d) -> list[Record]:
             return
         rung = obj.get("rung", obj.get("solution", rung or "*") if "traces" not in key else rung)
         config = str(obj.get("config") or obj.get("workload") or config or key).split(" ")[0]
-        rec = Record(name, rung, config, "", {}, obj.get("ref_backend") or obj.get("backend"))
+        rec = Record(name, rung, config, "", {}, obj.get("ref_backend") or obj.get("backend"), obj.get("dtype"))
         for k, v in obj.items():
             u = _unit_of_key(k)
             if u and not isinstance(v, dict) and list(_flat(v)):
@@ -177,23 +178,24 @@ class Scope:
             return True
         return r.rung in self.rungs
 
-    def values(self, unit: str, configs=frozenset(), backend=None):
+    def values(self, unit: str, configs=frozenset(), backend=None, fp16_only=False):
         for f in self.files:
             for r in records(f):
-                if self.mine(r) and _config_ok(r, configs, backend if unit == "x" else None):
+                if self.mine(r) and _config_ok(r, configs, backend if unit == "x" else None, fp16_only):
                     yield from r.values.get(unit, ())
 
-    def ratios(self, configs=frozenset(), backend=None):
+    def ratios(self, configs=frozenset(), backend=None, fp16_only=False):
         """Quotients of two rates of one configuration in one file, one of them in scope."""
         for f in self.files:
             by_config: dict = {}
             for r in records(f):
-                if _config_ok(r, configs):
+                if _config_ok(r, configs, None, fp16_only):
                     by_config.setdefault((r.config or r.text), []).append(r)
             for rs in by_config.values():
                 for u in RATE:     # against the scope's own rows, or the named reference's rate
                     everyone = [v for r in rs if self.mine(r) for v in r.values.get(u, ())[:1]] + \
-                        [v for r in rs if backend and _config_ok(r, configs, backend) for v in r.values.get(u, ())[1:]]
+                        [v for r in rs if backend and _config_ok(r, configs, backend, fp16_only)
+                         for v in r.values.get(u, ())[1:]]
                     for r in rs:
                         if self.mine(r):
                             for a in r.values.get(u, ())[:1 if self.rungs else None]:
@@ -214,6 +216,7 @@ class Figure:
     configs: frozenset = frozenset()   # the configurations its clause names ("on large", "at 4k-16k")
     backend: str | None = None         # the reference a ratio is against ("1.47x FA2")
     compares: bool = False             # a percentage that compares ("14 % less time", "2% faster")
+    fp16_only: bool = False            # a line that names no other dtype speaks of fp16 (the course's default)
 
 
 CITED = re.compile(r"(\d{4}-\d\d-\d\d_\w+\.(?:json|txt))|\.\.\.(_\w+\.(?:json|txt))")
@@ -237,10 +240,10 @@ CONFIG = re.compile(r"\b(small|medium|large|noncausal|asymmetric|long|(\d+)k(?:\
 
 
 def _clause_configs(line: str, start: int, end: int) -> frozenset:
-    """The configurations a figure speaks of: those named after it before its clause ends (`;`, `(`,
-    `)`), or, inside parentheses, those of the clause the parentheses annotate ("447 TFLOP/s on large
+    """The configurations a figure speaks of: those named after it before its clause ends (`;`, `,`,
+    `(`, `)`), or, inside parentheses, those of the clause the parentheses annotate ("447 TFLOP/s on large
     (1.47x FA2)")."""
-    found = list(CONFIG.finditer(re.split(r"[;()]", line[end:], maxsplit=1)[0]))
+    found = list(CONFIG.finditer(re.split(r"[;(),]", line[end:], maxsplit=1)[0]))
     before = line[:start]
     if not found and before.count("(") > before.count(")"):
         head = re.split(r"[;:]", before[:before.rfind("(")])[-1]
@@ -272,17 +275,58 @@ def _backend(line: str, end: int) -> str | None:
 DATE = re.compile(r"\d{4}-\d\d-\d\d")
 
 
+# A rate without its unit, which it takes from the rate before it on the line: "367 on long",
+# "FA2's 307", "582 without the pipelining".
+BARE = re.compile(r"(?:(?<='s )|(?<=[,(] )|(?<=and )|(?<=: ))(\d{2,4})(?= (?:on|at|in|without|with)\b|[),;])")
+
+
 def figures(line: str, where: str) -> list[Figure]:
     line = DATE.sub(lambda m: "D" * len(m[0]), line)     # "2026-11-24, 1.47x" is no range
+    return _with_units(line, where) + _bare(line, where)
+
+
+OTHER_DTYPE = re.compile(r"bf16|bfloat16|fp8|FP8|e4m3|dtype")
+
+
+def _fp16_only(line: str, start: int, end: int) -> bool:
+    """A figure speaks of fp16 (the course's default) unless its clause names another dtype: before it
+    since the last `;` or `:`, after it to the end of its comma-separated phrase, parentheses included
+    ("1.50-1.74x at 4k-16k (fp16 and bf16)"), and, inside parentheses, the clause they annotate."""
+    depth, k = 0, end
+    while k < len(line) and line[k] != ";" and not (depth == 0 and line[k] == ",") and depth >= 0:
+        depth += {"(": 1, ")": -1}.get(line[k], 0)
+        k += 1
+    before = line[:start]
+    text = line[end:k] + re.split(r"[;:]", before)[-1]
+    if before.count("(") > before.count(")"):
+        text += re.split(r"[;:]", before[:before.rfind("(")])[-1]
+    return not OTHER_DTYPE.search(text)
+
+
+def _bare(line: str, where: str) -> list[Figure]:
+    out, rates = [], [m for m in FIGURE.finditer(line) if UNITS[m["unit"]] in RATE]
+    for m in BARE.finditer(line):
+        before = [r for r in rates if r.end() <= m.start()]
+        if before and not any(r.start() <= m.start() < r.end() for r in FIGURE.finditer(line)):
+            out.append(Figure(where, m[0] + " (" + UNITS[before[-1]["unit"]] + ")", UNITS[before[-1]["unit"]],
+                              m[1], _clause_configs(line, m.start(), m.end()),
+                              fp16_only=_fp16_only(line, m.start(), m.end())))
+    return out
+
+
+def _with_units(line: str, where: str) -> list[Figure]:
     return [Figure(where, m[0].strip(), UNITS[m["unit"]], n, _clause_configs(line, m.start(), m.end()),
                    _backend(line, m.end()) if m["unit"] in ("x", "×") else None,
-                   bool(re.match(r"\s*(less|more|faster|slower|over)\b", line[m.end():])))
+                   bool(re.match(r"\s*(less|more|faster|slower|over)\b", line[m.end():])),
+                   _fp16_only(line, m.start(), m.end()))
             for m in FIGURE.finditer(line) for n in NUMBER.findall(m[0])
             if m["unit"] != "times" or "." in m[0]]     # "5 times" counts; "1.5 times" measures
 
 
-def _config_ok(r: "Record", configs: frozenset, backend: str | None = None) -> bool:
+def _config_ok(r: "Record", configs: frozenset, backend: str | None = None, fp16_only: bool = False) -> bool:
     if backend and r.backend and not r.backend.startswith(backend):
+        return False
+    if fp16_only and r.dtype not in (None, "float16", "fp16"):
         return False
     if not configs:
         return True
@@ -337,13 +381,14 @@ def _tolerance(number: str) -> float:
 def found(fig: Figure, scope: Scope) -> str | None:
     """How the figure is backed by its scope's results, or None."""
     v, tol = float(fig.number), _tolerance(fig.number)
-    if any(abs(x - v) <= tol for x in scope.values(fig.unit, fig.configs, fig.backend)):
+    hints = (fig.configs, fig.backend, fig.fp16_only)
+    if any(abs(x - v) <= tol for x in scope.values(fig.unit, *hints)):
         return "a value"
-    if fig.unit == "x" and any(abs(x - v) <= tol for x in scope.ratios(fig.configs, fig.backend)):
+    if fig.unit == "x" and any(abs(x - v) <= tol for x in scope.ratios(*hints)):
         return "a ratio of two rates"
-    if fig.unit == "%" and fig.compares and any(abs(100 * abs(x - 1) - v) <= tol for x in scope.values("x", fig.configs, fig.backend)):
+    if fig.unit == "%" and fig.compares and any(abs(100 * abs(x - 1) - v) <= tol for x in scope.values("x", *hints)):
         return "the difference a ratio states"
-    if fig.unit == "%" and scope.rungs and any(abs(100 * abs(x - 1) - v) <= tol for x in scope.ratios(fig.configs, fig.backend)):
+    if fig.unit == "%" and scope.rungs and any(abs(100 * abs(x - 1) - v) <= tol for x in scope.ratios(*hints)):
         return "the difference of two rates"
     return None
 
@@ -395,6 +440,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     (_C + "07_hopper_flash_attention.pct.py", "740 TFLOP/s"): "FA3 paper, abstract and §4.1",
     (_C + "07_hopper_flash_attention.pct.py", "75%"): "FA3 paper, abstract and §4.1",
     (_C + "07_hopper_flash_attention.pct.py", "661 TFLOP/s"): "FA3 paper's ablation, §4.2, Table 2",
+    (_C + "07_hopper_flash_attention.pct.py", "582 (TFLOP/s)"): "FA3 paper's ablation, §4.2, Table 2",
+    (_C + "07_hopper_flash_attention.pct.py", "570 (TFLOP/s)"): "FA3 paper's ablation, §4.2, Table 2",
     (_C + "07_hopper_flash_attention.pct.py", "16x"): "tile costs counted from the causal mask's shape",
     (_C + "07_hopper_flash_attention.pct.py", "128x"): "tile costs counted from the causal mask's shape",
     (_C + "07_hopper_flash_attention.pct.py", "0.1%"): "FA3's outlier inputs (§4.3), an input, not a result",
