@@ -1,14 +1,18 @@
 """Every measured figure typed into the course's prose comes from a committed result.
 
 A figure is a number (or a range `a-b`, or a list `a, b and c`) followed by TFLOP/s, GB/s, TB/s, ms,
-µs, `x`/`×` (a ratio) or `%`, in the manifests' rung verdicts (`solutions/*/step.toml`), the lectures
-(`course/*.pct.py`: prose, comments and literal strings; the figures a cell computes from
-`course/results/measured.json` are not text and are not checked here), the top-level README and the
+µs, `x`/`×`/`1.5 times` (a ratio) or `%`, or a rate that takes its unit from the one before it ("367
+on long", "FA2's 307"), in the manifests' rung verdicts (`solutions/*/step.toml`), the lectures
+(`course/*.pct.py`: prose, comments and literal strings; what a cell computes from
+`course/results/measured.json` is not text and is not checked here), the top-level README and the
 student README. Each one must match, at the precision it is printed with, a value of the same unit
-in the committed results of its step (`benchmarks/results/`: the JSON's numeric fields by name, the
-text records' figures), or a ratio of two timings of one configuration there. Numbers that are not
-our measurements (data-sheet peaks, papers, the design's thresholds, arithmetic the lecture derives)
-are in ALLOWED below, each with its reason.
+in the committed results (`benchmarks/results/`: the JSON's numeric fields by name, the text
+records' figures), or a ratio of two rates of one configuration there. Where it may come from is
+narrowed as far as the text says: the results of the file's step; the files its paragraph cites; a
+verdict's own rung (and the rungs it names); the configurations and reference its clause names
+("on large", "at 4k-16k", "x FA2"); fp16 unless the clause names another dtype. Numbers that are
+not our measurements (data-sheet peaks, papers, the design's thresholds, arithmetic the lecture
+derives) are in DATASHEET and ALLOWED below, each with its reason.
 
     python tests/test_figures.py [FILE ...]   # list every figure with where it was found, or why not
 """
