@@ -402,8 +402,8 @@ def check_merge_fn(fn, case: str = "random", *, seed: int | None = None, device=
                                     f"they must have the inputs' shape {tuple(a[0].shape)}")
         return m, l
 
-    def compare(got, want, parts, what):
-        if is_collecting():
+    def judge_state(got, want, parts, what):
+        if is_collecting():     # (m, l) are judged from the recorded results, by the judge
             return
         m, l = (t.detach().to(torch.float64) for t in got)
         m_ref, l_ref = want
@@ -429,21 +429,20 @@ def check_merge_fn(fn, case: str = "random", *, seed: int | None = None, device=
                 "m = max(m_a, m_b) (torch.maximum), and -inf for two empty states")
         l_bad = (l - l_ref).abs() > 2e-5 * l_ref.abs() + 1e-30
         if l_bad.any():
-            la, lb = a[1].double(), b[1].double()
-            if bool(((l - (la + lb)).abs() <= 2e-5 * (la + lb).abs() + 1e-30)[l_bad].all()):
-                cause = ("alpha rescale missing: l_a and l_b are sums relative to their own maxima; bring both "
-                         "to the common max first, l = l_a * exp(m_a - m) + l_b * exp(m_b - m)")
-            else:
-                cause = ("l must be l_a * exp(m_a - m) + l_b * exp(m_b - m) with m = max(m_a, m_b); "
-                         "an empty state (m = -inf, l = 0) contributes 0")
+            no_alpha = Mistake("alpha rescale missing: l_a and l_b are sums relative to their own maxima; bring "
+                               "both to the common max first, l = l_a * exp(m_a - m) + l_b * exp(m_b - m)",
+                               lambda: {"l": a[1].double() + b[1].double()}, frozenset({"l"}))
+            found = find_mistake({"m": got[0], "l": got[1]}, {"l"}, [no_alpha], 2e-5 * float(l_ref.abs().max()))
+            cause = found.cause if found else ("l must be l_a * exp(m_a - m) + l_b * exp(m_b - m) with m = "
+                                               "max(m_a, m_b); an empty state (m = -inf, l = 0) contributes 0")
             raise SoftmaxCheckError(f"{tag} {what}: l is wrong in {_row_desc(l_bad)}.\n  likely cause: {cause}")
 
     if case != "chain":
         a = state(x32[..., :split])
         b = state(x32[..., split:])
         want = reference_state(x32)
-        compare(merge(a, b, "merge(a, b)"), want, (a, b), "merge(a, b)")
-        compare(merge(b, a, "merge(b, a)"), want, (b, a), "merge(b, a) (the merge must be symmetric)")
+        judge_state(merge(a, b, "merge(a, b)"), want, (a, b), "merge(a, b)")
+        judge_state(merge(b, a, "merge(b, a)"), want, (b, a), "merge(b, a) (the merge must be symmetric)")
         n = int(a[0].numel())
     else:
         want = reference_state(x32)
@@ -453,13 +452,13 @@ def check_merge_fn(fn, case: str = "random", *, seed: int | None = None, device=
         for s, j1 in zip(states, bounds[1:]):
             prev = acc
             acc = merge(acc, s, "left-to-right fold from the empty state")
-            compare(acc, reference_state(x32[..., :j1]), (prev, s),
+            judge_state(acc, reference_state(x32[..., :j1]), (prev, s),
                     f"left-to-right fold from the empty state, after column {j1}")
         level = states
         while len(level) > 1:
             nxt = [merge(level[i], level[i + 1], "tree merge") for i in range(0, len(level) - 1, 2)]
             level = nxt + ([level[-1]] if len(level) % 2 else [])
-        compare(level[0], want, (level[0], level[0]), f"tree merge of {len(states)} blocks (associativity)")
+        judge_state(level[0], want, (level[0], level[0]), f"tree merge of {len(states)} blocks (associativity)")
         n = int(want[0].numel())
     if verbose:
         say(f"{tag} passed: {n} rows")
