@@ -73,6 +73,12 @@ def grader_fault(rc: int | None, out: str) -> str | None:
     return None
 
 
+def reusable(status: str) -> bool:
+    """Whether a recorded status is the submission's own result; a record of the grader's failure
+    (from this version or an older one, which recorded some) is graded again, never reused."""
+    return not (status.startswith((UNGRADED, "grader error")) or any(n in status for n in _START_FAILURES))
+
+
 _RUNNING: set = set()           # process groups of running nbgrader workers
 _RUNNING_LOCK = threading.Lock()
 # Starts nbgrader so that it dies with this process (Linux: PR_SET_PDEATHSIG), even when this one

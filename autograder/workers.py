@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import gradebook, staging
 from .grader import (GRADING_SOURCES, STOP, UNGRADED, Interrupted, _apply_verdicts,  # noqa: F401
-                     _run_isolated, grade_submission, stop_all)
+                     _run_isolated, grade_submission, reusable, stop_all)
 from .lock import workspace_lock
 from .model import SOLUTIONS, Result, atomic_write, hash_tree, result_path
 
@@ -200,7 +200,7 @@ def _autograde(submissions, workspace, pairs, state, *, timeout, quiet, jobs, ce
                 prev = Result.from_json(json.loads(old.read_text(encoding="utf-8")))
             except (ValueError, TypeError):
                 prev = None
-            if prev is not None and prev.key == key and not prev.status.startswith(UNGRADED):
+            if prev is not None and prev.key == key and reusable(prev.status):
                 prev.reused = True
                 results[(student, a)] = prev
                 continue

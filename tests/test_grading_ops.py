@@ -287,6 +287,22 @@ def test_what_nbgrader_says_when_the_grader_failed():
     assert grader.grader_fault(None, "") is None and grader.grader_fault(0, "") is None
 
 
+def test_a_recorded_grader_failure_is_graded_again(tmp_path, monkeypatch):
+    """Records of the grader's own failures (as an older version wrote them: a kernel that lost
+    its parent, a grader exception) are never reused as up to date."""
+    monkeypatch.setattr(workers, "grade_one", _fake_grade_one)
+    ws, subs = tmp_path / "ws", _fake_subs(tmp_path, ("s1", "s2", "s3"))
+    workers.autograde(subs, ws, quiet=True)
+    for s, status in (("s1", "autograde failed: [IPKernelApp] WARNING | Parent appears to have exited, "
+                             "shutting down."), ("s2", "grader error: FileNotFoundError: nbgrader.log")):
+        path = model.result_path(ws, s, A)
+        rec = json.loads(path.read_text())
+        path.write_text(json.dumps({**rec, "score": 0.0, "status": status}))
+    res = {r.student: r for r in workers.autograde(subs, ws, quiet=True)}
+    assert [res[s].reused for s in ("s1", "s2", "s3")] == [False, False, True]
+    assert all(r.score == 7 for r in res.values())
+
+
 def test_student_selects_and_regrades_only_those(tmp_path, monkeypatch):
     graded = []
 
