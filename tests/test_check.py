@@ -212,3 +212,20 @@ def test_check_all_runs_every_case_and_stops_at_a_fault(capsys):
         return (o * 0.5, lse) if q.shape[2] % 64 else (o, lse)
     with pytest.raises(AttentionCheckError, match=r"\[ragged"):
         check_all(wrong_on_ragged_lengths, dtypes=(torch.float32,), verbose=False)
+
+
+@pytest.mark.parametrize("causal, scale", [(True, None), (True, 0.3), (False, None)])
+def test_each_forward_mistake_is_named_and_no_other(causal, scale):
+    """Every mistake of attention_mistakes, given the output it produces, is named by the check with its
+    own cause (the one match criterion, rule.matches, tells them apart)."""
+    from facourse.check import attention_mistakes
+    from facourse.configs import AttnConfig
+    cfg = AttnConfig("planted", 1, 4, 2, 40, 72, 32, causal)      # GQA, Sq < Skv, several key tiles of 16
+    q, k, v = make_inputs(cfg, 5, "cpu", torch.float32)
+    mistakes = attention_mistakes(q, k, v, causal, scale)
+    assert len(mistakes) >= 10
+    for m in mistakes:
+        o = m.produce()["o"].to(torch.float32)
+        with pytest.raises(AttentionCheckError) as err:
+            check_attention(o, q, k, v, causal, scale, config="planted")
+        assert str(err.value).split("likely cause: ")[-1] == m.cause, (m.cause, str(err.value))
