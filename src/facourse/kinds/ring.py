@@ -42,7 +42,8 @@ class Ring(Kind):
         configuration; --cpu-smoke: the cases of this world in fp16, SMOKE_CONFIGS."""
         from ..ring import RING_CASES
         if checks is None:
-            checks = [c for c, rc in RING_CASES.items() if rc.world == self.world] if quick or smoke else list(RING_CASES)
+            mine = [c for c, rc in RING_CASES.items() if rc.world == self.world]
+            checks = mine if quick or smoke else list(RING_CASES)
         dtypes = DTYPES[:1] if quick or smoke else DTYPES
         configs = list(SMOKE_CONFIGS if smoke else CONFIGS)
         return [(c, dt) for dt in dtypes for c in checks], configs[:1] if quick and not smoke else configs
@@ -72,7 +73,8 @@ class Ring(Kind):
             ranks = ", ".join(f"{c:.2f} / {w:.2f}" for c, w in zip(r["compute_ms"], r["wait_ms"]))
             out.append(f"{r['rung']:>22} {r['config']:>17} {r['ms']:8.2f} {one or float('nan'):8.2f} "
                        f"{r.get('ratio', float('nan')):6.2f}x {r.get('efficiency', float('nan')):5.0%} "
-                       f"{r.get('tflops', float('nan')):7.0f}  {ranks}; {r['transfer_ms']:.2f} ms ({r['shard_mb']:.0f} MB)")
+                       f"{r.get('tflops', float('nan')):7.0f}  {ranks}; "
+                       f"{r['transfer_ms']:.2f} ms ({r['shard_mb']:.0f} MB)")
         return out
 
 
