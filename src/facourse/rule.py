@@ -15,16 +15,18 @@ Every step's check is its cases, its inputs, its reference and its list of mista
 * :func:`describe_rows` says where a result is wrong (query rows, heads, batches, or a step's own
   axes: sequences, ranks).
 
-Usage, as a step's check writes it::
+Usage, as a step's check writes it (``facourse.check`` is the full example)::
 
-    out = guarded_call(fn, q, k, v, device=q.device, tag="[small]", inputs={"q": q, "k": k, "v": v},
-                       causal=True)
-    cmp = compare(out, lambda: ref(q, k, v), lambda: max_abs(torch_out - ref), name="o", tag="[small]")
+    o = guarded_call(fn, q, k, v, device=q.device, tag="[small]", inputs={"q": q, "k": k, "v": v},
+                     causal=True)
+    ref = reference_attention(q, k, v, True)[0]
+    cmp = compare(o, ref, lambda: max_abs(torch_attention(q, k, v, True).double() - ref),
+                  name="o", tag="[small]")
     if not cmp.ok:
-        mistakes = [Mistake("the scale is applied twice", lambda: {"o": ref(q, k, v, s * s)},
-                            frozenset({"o"}))]
-        found = diagnose({"o": out}, {"o"}, mistakes, cmp.allowed)
-        raise cmp.error(found.cause if found else "only some rows are wrong: ...")
+        twice = Mistake("the scale is applied twice",
+                        lambda: {"o": reference_attention(q, k, v, True, 1 / q.shape[-1])[0]})
+        found = diagnose({"o": o}, {"o"}, [twice], cmp.allowed)
+        raise cmp.error(found.cause if found else "wrong at " + describe_rows(cmp.bad_rows))
 """
 from __future__ import annotations
 
@@ -374,7 +376,7 @@ def matches(out: torch.Tensor, alt: torch.Tensor, tol: float) -> bool:
     if not isinstance(out, torch.Tensor) or not isinstance(alt, torch.Tensor) or out.shape != alt.shape:
         return False
     o = out.detach().to(torch.float64)
-    a = alt.detach().to(alt.device).to(torch.float64).to(o.device)
+    a = alt.detach().to(o.device, torch.float64)
     ulp = torch.finfo(out.dtype).eps if out.dtype.is_floating_point else 0.0
     fo, fa = torch.isfinite(o), torch.isfinite(a)
     if not torch.equal(fo, fa):
