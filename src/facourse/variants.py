@@ -563,8 +563,8 @@ def check_block_mask(fn, case: str | VariantCase = "window", *, seed: int | None
                      if (1, 2) in kinds else "evaluate the mask on every pair of the tile and count the visible ones")
             raise AttentionCheckError(f"{tag} {int((said != want).sum())} tiles are misclassified, e.g. {what}.\n"
                                       f"  likely cause: {cause}")
-    if verbose and not is_collecting():
-        print(f"[{c.name}] block masks passed at tiles {', '.join(f'{a} x {b}' for a, b in blocks)}")
+    if verbose:
+        say(f"[{c.name}] block masks passed at tiles {', '.join(f'{a} x {b}' for a, b in blocks)}")
 
 
 def _one_pair_only(ref):
