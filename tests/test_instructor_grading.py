@@ -210,3 +210,11 @@ def test_formgrader_button_and_hidden_cells_award_nothing_without_a_judge(monkey
     monkeypatch.delenv(model.JUDGE_ENV)
     with pytest.raises(JudgeFailure, match="python -m autograder autograde"):
         judge("test_small", lambda x, dim=-1: x.softmax(dim))
+
+
+def test_formgrader_and_export_need_a_graded_workspace(tmp_path, capsys):
+    """Both commands say plainly what is missing (exit 2), not a traceback."""
+    assert cli.main(["--workspace", str(tmp_path / "none"), "formgrader", "--no-browser"]) == 2
+    assert "run `python -m autograder" in capsys.readouterr().err
+    assert cli.main(["--workspace", str(tmp_path / "none"), "export"]) == 2
+    assert "no gradebook" in capsys.readouterr().err
