@@ -414,7 +414,7 @@ def test_parse_ptxas_formats():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_correct_on_configs_and_edge_cases(version, dtype):
     from facourse import CONFIGS, EDGE_CASES, check_entry_point
-    from benchmarks.ladder import entry_point
+    from benchmarks.rungs import entry_point
     fn = entry_point("06", "exercise" if version == "solution" else version)
     for name in list(CONFIGS) + list(EDGE_CASES):
         check_entry_point(fn, name, device="cuda", dtype=getattr(torch, dtype), expect_lse=True)

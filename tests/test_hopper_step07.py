@@ -198,5 +198,5 @@ def test_gpu_correct_on_configs_and_edge_cases(version):
     from facourse import check_all, has_sm90a
     if not has_sm90a():
         pytest.skip("step 07 runs on an H100/H200 (sm_90a) only")
-    from benchmarks.ladder import entry_point
+    from benchmarks.rungs import entry_point
     check_all(entry_point("07", version), dtypes=(torch.float16, torch.bfloat16), expect_lse=True)
