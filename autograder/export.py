@@ -18,7 +18,7 @@ import csv
 from pathlib import Path
 
 from .model import GradingError, Result
-from .report import _slug, write_feedback_page
+from .report import slug, write_feedback_page
 
 
 def read_roster(path: Path) -> tuple[list[str], list[dict]]:
@@ -78,5 +78,5 @@ def export_lms(results: list[Result], out: Path, roster: Path | None = None) -> 
         w.writerow(header)
         w.writerows(rows)
     for r in results:
-        write_feedback_page(r, out / "feedback" / _slug(r.student) / f"{_slug(r.assignment)}.html")
+        write_feedback_page(r, out / "feedback" / slug(r.student) / f"{slug(r.assignment)}.html")
     return path, len(results), missing

@@ -33,7 +33,7 @@ def _e(x) -> str:
     return html.escape(str(x))
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
 
 
@@ -101,7 +101,7 @@ def _student_scores(a: str, rs: list[Result], out: Path, plt) -> str:
     if any(r.manual_pending for r in rs):
         ax.legend(loc="upper right", fontsize=7)
     fig.tight_layout()
-    name = f"{_slug(a)}_students.png"
+    name = f"{slug(a)}_students.png"
     fig.savefig(out / name, dpi=100)
     plt.close(fig)
     return name
@@ -129,7 +129,7 @@ def _plots(results: list[Result], out: Path) -> dict[str, list[str]]:
                 edgecolor="white")
         ax.set(xlabel="score", ylabel="submissions", title=f"{a}: score distribution")
         fig.tight_layout()
-        name = f"{_slug(a)}_scores.png"
+        name = f"{slug(a)}_scores.png"
         fig.savefig(out / name, dpi=100)
         plt.close(fig)
         files[a].append(name)
@@ -142,7 +142,7 @@ def _plots(results: list[Result], out: Path) -> dict[str, list[str]]:
             ax.invert_yaxis()
             ax.set(xlim=(0, 100), xlabel="% of graded submissions passing", title=f"{a}: pass rate per test")
             fig.tight_layout()
-            name = f"{_slug(a)}_pass_rates.png"
+            name = f"{slug(a)}_pass_rates.png"
             fig.savefig(out / name, dpi=100)
             plt.close(fig)
             files[a].append(name)
@@ -167,7 +167,7 @@ def _plots(results: list[Result], out: Path) -> dict[str, list[str]]:
             ax2.invert_yaxis()
             ax2.set_yticklabels([])
             fig.tight_layout()
-            name = f"{_slug(a)}_perf.png"
+            name = f"{slug(a)}_perf.png"
             fig.savefig(out / name, dpi=100)
             plt.close(fig)
             files[a].append(name)
@@ -361,7 +361,7 @@ def write_report(results: list[Result], out: Path, machine: dict | None = None) 
                         + _flag_table(flagged))
         body.append("<table><tr><th>student</th><th>score</th><th>status</th><th>failed tests</th></tr>")
         for r in rs:
-            body.append(f"<tr><td><a href='students/{_e(_slug(r.student))}.html'>{_e(r.student)}</a></td>"
+            body.append(f"<tr><td><a href='students/{_e(slug(r.student))}.html'>{_e(r.student)}</a></td>"
                         f"<td>{r.score:g} / {r.max_score:g}</td><td>{_e(r.status)}</td>"
                         f"<td>{_e(', '.join(r.failed) or '-')}</td></tr>")
         body.append("</table>")
@@ -369,7 +369,7 @@ def write_report(results: list[Result], out: Path, machine: dict | None = None) 
     for r in results:
         by_s[r.student].append(r)
     for s, rs in by_s.items():
-        write_student_page(s, rs, out / "students" / f"{_slug(s)}.html")
+        write_student_page(s, rs, out / "students" / f"{slug(s)}.html")
     index = out / "index.html"
     index.write_text(_page("Autograding report", "".join(body)), encoding="utf-8")
     return index
