@@ -35,7 +35,7 @@ from .configs import default_dtype, resolve_device
 from .hw import gpu_name, require_gpu
 from .reference import AttentionInputError, default_scale, kv_head_index
 from .rule import (ABS_SLACK, REL_LIMIT, AttentionCheckError, Mistake, check_lse, compare, describe_rows,
-                   diagnose, draw_seed, guarded_call, is_collecting, make_tag, max_abs, say)
+                   diagnose, draw_seed, expect_tensor, guarded_call, is_collecting, make_tag, max_abs, say)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -437,15 +437,7 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
         return {}
     q, kc, vc, table, lens = inp
     B, Hq, Sq, D = q.shape
-    for name, t, shape, dtype in (("o", o, tuple(q.shape), q.dtype), ("lse", lse, (B, Hq, Sq), torch.float32)):
-        if not isinstance(t, torch.Tensor):
-            raise AttentionCheckError(f"{tag} {name} must be a torch.Tensor, got {type(t).__name__}")
-        if tuple(t.shape) != shape:
-            raise AttentionCheckError(f"{tag} {name} has shape {tuple(t.shape)}; it must be {shape}")
-        if t.dtype != dtype:
-            raise AttentionCheckError(f"{tag} {name} has dtype {t.dtype}; it must be {dtype}")
-        if t.device != q.device:
-            raise AttentionCheckError(f"{tag} {name} is on {t.device}; it must stay on {q.device}")
+    expect_tensor(o, q, name="o", like_name="q", tag=tag, shape_note=" = [B, Hq, Sq, D]")     # lse: check_lse
     scale_v = default_scale(D, scale)
     ref, ref_lse = paged_reference(q, kc, vc, table, lens, scale)
     L = lens.tolist()

@@ -42,7 +42,7 @@ import torch
 from .configs import AttnConfig, make_inputs
 from .reference import default_scale, masked_attention, reference_attention, torch_attention
 from .rule import (AttentionCheckError, Mistake, check_lse, compare, describe_rows, diagnose, draw_seed,
-                   guarded_call, is_collecting, make_tag, max_abs, normalise_result, ranges, say)
+                   expect_tensor, guarded_call, is_collecting, make_tag, max_abs, normalise_result, ranges, say)
 
 
 # ----------------------------------------------------------------------------- the sharding rule
@@ -489,12 +489,7 @@ def check_ring_result(o, lse, q, k, v, causal: bool, scale, world: int, *, layou
     ranks that hold the wrong rows and the ring mistake that gives this output. Returns the summary."""
     if is_collecting():
         return ""
-    for name, t, shape, dt in (("o", o, tuple(q.shape), q.dtype), ("lse", lse, tuple(q.shape[:3]), torch.float32)):
-        if not isinstance(t, torch.Tensor):
-            raise AttentionCheckError(f"{tag} {name} must be a torch.Tensor, got {type(t).__name__}")
-        if tuple(t.shape) != shape or t.dtype != dt:
-            raise AttentionCheckError(f"{tag} {name} is {tuple(t.shape)} {t.dtype}; it must be {shape} {dt} "
-                                      "(o: [B, Hq, S, D] in q's dtype; lse: float32 [B, Hq, S])")
+    expect_tensor(o, q, name="o", like_name="q", tag=tag, shape_note=" = [B, Hq, S, D]")      # lse: check_lse
     ref, ref_lse = reference_attention(q, k, v, causal, scale)
     cmp = compare(o, ref, lambda: max_abs(torch_attention(q, k, v, causal, scale).to(torch.float64) - ref),
                   name="o", tag=tag, empty=torch.isneginf(ref_lse)[..., None])
@@ -505,7 +500,7 @@ def check_ring_result(o, lse, q, k, v, causal: bool, scale, world: int, *, layou
             raise cmp.error(found.cause if found else "compare one wrong rank's rows with "
                             "facourse.ring.block_attention on each shard it received: the chunks each rank holds "
                             "(the sharding rule), the causal test in global positions, the merge's weights",
-                            where=where_ranks(cmp.bad_rows, S, world, causal, layout))
+                            where=where_ranks(cmp.bad_rows, S, world, causal, layout), index_names=("b", "h", "row", "d"))
         bad = cmp.nonfinite_rows if cmp.failure == "nonfinite" else cmp.not_empty_rows
         what = "NaN or inf in o" if cmp.failure == "nonfinite" else "rows that see no key must be exactly 0"
         raise AttentionCheckError(f"{tag} {what} at {where_ranks(bad, S, world, causal, layout)}\n  likely cause: "

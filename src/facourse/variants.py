@@ -27,9 +27,9 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .rule import (AttentionCheckError, Mistake, check_lse, compare, describe_rows, diagnose, draw_seed,
-                   guarded_call, is_collecting, make_tag, max_abs, say)
 from .configs import AttnConfig, get_config, make_inputs, resolve_device
+from .rule import (AttentionCheckError, Mistake, check_lse, compare, describe_rows, diagnose, draw_seed,
+                   expect_tensor, guarded_call, is_collecting, make_tag, max_abs, say)
 from .triton_setup import interpret_without_gpu
 
 interpret_without_gpu()
@@ -459,12 +459,7 @@ def check_variant_result(o, lse, case: VariantCase, cfg, mask, score, q, k, v, s
     if is_collecting():
         return {}
     B, Hq, Sq, D = q.shape
-    for name, t, shape, dt in (("o", o, tuple(q.shape), q.dtype), ("lse", lse, (B, Hq, Sq), torch.float32)):
-        if not isinstance(t, torch.Tensor):
-            raise AttentionCheckError(f"{tag} {name} must be a torch.Tensor, got {type(t).__name__}")
-        if tuple(t.shape) != shape or t.dtype != dt or t.device != q.device:
-            raise AttentionCheckError(f"{tag} {name} is {tuple(t.shape)} {t.dtype} on {t.device}; it must be "
-                                      f"{shape} {dt} on {q.device}")
+    expect_tensor(o, q, name="o", like_name="q", tag=tag, shape_note=" = [B, Hq, Sq, D]")     # lse: check_lse
     visible = None if block_mask is None else visible_pairs(block_mask, mask, B, Hq, q.device)
     ref, ref_lse = variant_reference(q, k, v, mask, score, scale, visible=visible)
     empty = torch.isneginf(ref_lse)
