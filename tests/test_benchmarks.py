@@ -169,7 +169,7 @@ def test_step11_traces_rank_solutions_by_their_own_times():
     w = fx.workloads("gpu")[2]
 
     def traced(name, ms, ref_ms):
-        t = fx._routing_trace(w, name, "PASSED", 1.0)
+        t = fx.routing_trace(w, name, "PASSED", 1.0)
         perf = fib.Performance(latency_ms=ms, reference_latency_ms=ref_ms, speedup_factor=ref_ms / ms)
         return t.model_copy(update={"evaluation": t.evaluation.model_copy(update={"performance": perf})})
 

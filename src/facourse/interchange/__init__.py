@@ -52,5 +52,3 @@ from .workloads import (CPU_WORKLOADS, PROFILES, ROUTING_WORKLOADS, TRACE_SHAPES
                         make_workload_inputs, new_workload, workload_config, workload_names, workload_shape,
                         workloads)
 
-# the old private spelling, for tests/test_benchmarks.py until it uses routing_trace
-_routing_trace = routing_trace
