@@ -41,7 +41,6 @@ import traceback
 from pathlib import Path
 
 from benchmarks.rungs import ROOT, entry_point, env_info, gpu_tag, prebuild  # noqa: I001 (puts src/ on the path)
-from benchmarks.rungs import load_py as _load_py  # noqa: F401 (tile_sweep.py's name for it)
 
 from facourse import kinds
 from facourse.kinds.base import DTYPES

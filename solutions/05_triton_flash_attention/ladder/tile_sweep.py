@@ -28,8 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from benchmarks.ladder import _load_py as load  # noqa: E402
-from benchmarks.ladder import env_info  # noqa: E402
+from benchmarks.rungs import env_info, load_py as load  # noqa: E402
 from facourse.bench import TIMING, new_flush_buffer, sdpa_reference, time_calls  # noqa: E402
 from facourse.configs import CONFIGS, SWEEP, SWEEP_4K_16K, make_inputs  # noqa: E402
 

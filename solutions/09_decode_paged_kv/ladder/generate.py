@@ -251,7 +251,7 @@ def load_kernels():
     """(prefill, decode): step 05's solution rung ``flash_attention_triton(q, k, v, causal, scale)
     -> (o, lse)`` and step 09's v3 ``paged_decode(q, k_cache, v_cache, block_table, seq_lens) ->
     (o, lse)`` (the exercise's solution)."""
-    from benchmarks.ladder import entry_point
+    from benchmarks.rungs import entry_point
     from facourse.steps import load_step
     return entry_point("05", load_step("05")["ladder"]["solution"]), entry_point("09", "v3_gqa_packed")
 
