@@ -3,8 +3,10 @@
 One :class:`Judge` serves one submission while nbgrader runs it. It listens on a Unix socket in a
 private folder (``FACOURSE_JUDGE`` tells the kernel where). A hidden cell (``judge_client``)
 
-1. **opens** its test: the judge answers with the test's checks (``plans.py``), each with a fresh
-   secret seed; a test opened twice, or one the plan does not know, is tampering;
+1. **opens** its test: the judge answers with the test's checks (``plans.py``), each with a secret
+   seed (derived from the judge's ``seed_key`` when it has one, so a regrade draws the same inputs:
+   the rule is in ``seeds.py``; fresh random seeds without one); a test opened twice, or one the
+   plan does not know, is tampering;
 2. sends each **call** of the entry point as the check made it: the outputs as raw tensors (or the
    error it raised), never code; a call for a test that is not open is tampering;
 3. may send a **kernel_error** (the check stopped in the kernel: a mutated input) and a **perf**
@@ -14,7 +16,7 @@ private folder (``FACOURSE_JUDGE`` tells the kernel where). A hidden cell (``jud
    the course's one rule (same messages, same diagnoses), and answers with the verdict.
 
 After the notebook, :meth:`Judge.finish` gives every graded cell its points: the verdict of a
-closed test; 0 for a test that never reached the judge (with the cell's own error, if any), or
+closed test; 0 for a test whose cell never reached the judge (the cell's own error first), or
 that was opened and not closed. The static scan (``scan.py``) and protocol violations can flag a
 submission: tampering scores its judged tests 0 until an instructor waives the flag.
 
@@ -27,6 +29,8 @@ differs from its own calibration of the reference on this GPU by more than
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import io
 import json
 import os
@@ -173,8 +177,10 @@ class Judge:
     """Serves one submission's kernel; decides its grades (see the module doc)."""
 
     def __init__(self, assignment: str, max_points: dict[str, float], *, device: str = "cpu",
-                 student_files: dict[str, bytes] | None = None, release_dir: Path | None = None):
+                 student_files: dict[str, bytes] | None = None, release_dir: Path | None = None,
+                 seed_key: bytes | None = None):
         self.assignment = assignment
+        self.seed_key = seed_key
         self.plan = plan_of(assignment)
         self.max_points = max_points
         self.device = device
@@ -282,11 +288,19 @@ class Judge:
         if skip:
             st.verdict = Verdict(0.0, self.max_points.get(test, 0.0), False, skip, [skip])
             return {"error": skip}
-        st.calls = [{"check": c.name, "kwargs": c.kwargs, "bind": c.bind, "seed": secrets.randbits(31),
+        st.calls = [{"check": c.name, "kwargs": c.kwargs, "bind": c.bind, "seed": self._seed(test, i),
                      "guard": st.test.guard, "count_flops": st.test.count_flops,
                      "perf": st.test.perf, "train": st.test.train, "ring": st.test.ring,
-                     "interchange": st.test.interchange} for c in st.test.checks]
+                     "interchange": st.test.interchange} for i, c in enumerate(st.test.checks)]
         return {"calls": st.calls, "device": "cuda" if self.device.startswith("cuda") else "cpu"}
+
+    def _seed(self, test: str, index: int) -> int:
+        """The seed of check ``index`` of ``test``: HMAC-SHA256(seed_key, assignment, test, index) in
+        31 bits with a key (the same on every regrade), a fresh random one without."""
+        if self.seed_key is None:
+            return secrets.randbits(31)
+        msg = "\0".join((self.assignment, test, str(index))).encode()
+        return int.from_bytes(hmac.new(self.seed_key, msg, hashlib.sha256).digest()[:4], "big") & 0x7FFFFFFF
 
     def _unavailable(self, test: Test) -> str | None:
         need = test.needs
@@ -410,10 +424,10 @@ class Judge:
                 elif st.opened:
                     out[gid] = Verdict(0.0, mx, False, "the test started but did not finish (no verdict): "
                                        + cell_errors.get(gid, "the kernel stopped or the cell was interrupted"))
-                else:
+                else:       # the cell stopped before its hidden checks: its own error is the cause
                     why = cell_errors.get(gid)
-                    out[gid] = Verdict(0.0, mx, False, "no judge record: the test cell did not reach the judge"
-                                       + (f" ({why})" if why else ""))
+                    out[gid] = Verdict(0.0, mx, False, f"{why} (the cell stopped here, before its hidden tests ran)"
+                                       if why else "this test's cell did not run to its hidden tests")
         return out
 
     def close(self):
@@ -451,7 +465,7 @@ def points_of(assignment: str) -> dict[str, float]:
 
 def run_inprocess(assignment: str, fn, tests=None, *, device: str | None = None,
                   student_files: dict[str, bytes] | None = None, release_dir: Path | None = None,
-                  quiet: bool = True) -> dict[str, Verdict]:
+                  quiet: bool = True, seed_key: bytes | None = None) -> dict[str, Verdict]:
     """The kernel's side and the judge in one process, each test run as its hidden cell runs it.
 
     For the course's tests and the GPU self-test (the GPU machines have no Jupyter): the same
@@ -462,7 +476,7 @@ def run_inprocess(assignment: str, fn, tests=None, *, device: str | None = None,
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     j = Judge(assignment, points_of(assignment), device=device, student_files=student_files,
-              release_dir=release_dir)
+              release_dir=release_dir, seed_key=seed_key)
     old = os.environ.get(ENV)
     os.environ[ENV] = j.address
     errors = {}

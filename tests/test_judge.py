@@ -153,7 +153,14 @@ def test_forged_records_are_refused_and_flagged(monkeypatch):
     verdicts = j.finish()
     assert verdicts["test_large"].points == 0 and "started twice" in verdicts["test_large"].message
     assert len(j.violations) == 4, j.violations
-    assert verdicts["test_small"].points == 0 and "no judge record" in verdicts["test_small"].message
+    assert verdicts["test_small"].points == 0 and "did not run" in verdicts["test_small"].message
+
+
+def test_a_cell_that_stopped_before_the_judge_shows_its_own_error_first():
+    j = Judge(A, points_of(A))
+    msg = j.finish({"test_small": "AttentionCheckError: [small] wrong values\n  likely cause: no scale"})["test_small"]
+    assert msg.points == 0 and msg.message.startswith("AttentionCheckError: [small] wrong values")
+    assert "judge" not in msg.message           # grading jargon a student cannot act on
 
 
 def test_a_test_started_and_never_closed_scores_zero():
