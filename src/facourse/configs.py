@@ -59,30 +59,29 @@ def visible_pairs(Sq: int, Skv: int, causal: bool) -> int:
     return sum(min(max(i + off + 1, 0), Skv) for i in range(Sq))
 
 
-def _five(B_S: dict, Hq: int, Hkv: int, D: int) -> dict[str, AttnConfig]:
+#: The five configurations (docs/DESIGN.md): name -> (causal, (B, Sq, Skv) on the GPU, (B, Sq, Skv) on a CPU).
+#: The CPU sizes keep the names and the shapes' kinds (GQA group of 4, causal or not, asymmetric).
+_FIVE = {
+    "small": (True, (1, 128, 128), (1, 128, 128)),
+    "medium": (True, (4, 512, 512), (2, 512, 512)),
+    "large": (True, (8, 2048, 2048), (1, 1024, 1024)),
+    "noncausal": (False, (4, 512, 512), (2, 512, 512)),
+    "asymmetric": (True, (4, 128, 2048), (2, 128, 2048)),
+}
+
+
+def _five(cpu: bool, Hq: int, Hkv: int, D: int) -> dict[str, AttnConfig]:
     out = {}
-    for name, (B, Sq, Skv, causal) in B_S.items():
+    for name, (causal, on_gpu, on_cpu) in _FIVE.items():
+        B, Sq, Skv = on_cpu if cpu else on_gpu
         out[name] = AttnConfig(name, B, Hq, Hkv, Sq, Skv, D, causal, graded_perf=(name == "large"))
     return out
 
 
-#: The five configurations (docs/DESIGN.md) at full size (GPU, fp16).
-CONFIGS: dict[str, AttnConfig] = _five({
-    "small": (1, 128, 128, True),
-    "medium": (4, 512, 512, True),
-    "large": (8, 2048, 2048, True),
-    "noncausal": (4, 512, 512, False),
-    "asymmetric": (4, 128, 2048, True),
-}, Hq=32, Hkv=8, D=128)
-
-#: The same five names and shapes (GQA group of 4, causal or not, asymmetric) at CPU sizes.
-CPU_CONFIGS: dict[str, AttnConfig] = _five({
-    "small": (1, 128, 128, True),
-    "medium": (2, 512, 512, True),
-    "large": (1, 1024, 1024, True),
-    "noncausal": (2, 512, 512, False),
-    "asymmetric": (2, 128, 2048, True),
-}, Hq=8, Hkv=2, D=128)
+#: At full size (GPU, fp16).
+CONFIGS: dict[str, AttnConfig] = _five(False, Hq=32, Hkv=8, D=128)
+#: At CPU sizes.
+CPU_CONFIGS: dict[str, AttnConfig] = _five(True, Hq=8, Hkv=2, D=128)
 
 #: The long configuration that performance is graded on besides ``large``.
 LONG_CONFIG = AttnConfig("long", 2, 16, 16, 8192, 8192, 128, False, graded_perf=True)
