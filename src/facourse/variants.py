@@ -454,7 +454,7 @@ def check_variant_result(o, lse, case: VariantCase, cfg, mask, score, q, k, v, s
     """Check (o, lse) of ``case`` with the course's rule (``facourse.rule.compare``): finite, rows that see
     no key exactly 0 with lse -inf, no worse than twice PyTorch's own rounding error in the inputs' dtype
     (+1e-3), relative error below 1%. With ``block_mask`` the reference is what that block mask lets
-    through; ``mistakes`` are tried before the case's own when the values are wrong."""
+    through; ``mistakes`` are tried before the case's own to name the cause of a wrong result."""
     tag = make_tag(case.name, seed)
     if is_collecting():
         return {}
@@ -463,8 +463,8 @@ def check_variant_result(o, lse, case: VariantCase, cfg, mask, score, q, k, v, s
     visible = None if block_mask is None else visible_pairs(block_mask, mask, B, Hq, q.device)
     ref, ref_lse = variant_reference(q, k, v, mask, score, scale, visible=visible)
     empty = torch.isneginf(ref_lse)
-    own = lambda: max_abs(variant_reference(q, k, v, mask, score, scale, visible=visible,   # noqa: E731
-                                            dtype=q.dtype)[0].double() - ref)
+    def own():                  # the same computation with the matmuls' inputs in the kernel's dtype
+        return max_abs(variant_reference(q, k, v, mask, score, scale, visible=visible, dtype=q.dtype)[0].double() - ref)
     cmp = compare(o, ref, own, name="o", tag=tag, empty=empty[..., None])
     found = None if cmp.ok else diagnose({"o": o}, {"o"}, [*mistakes, *_mistakes(case, cfg, mask, score, q, k, v, scale)],
                                          cmp.allowed)
