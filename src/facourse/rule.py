@@ -53,6 +53,13 @@ REL_LIMIT = 1e-2
 class AttentionCheckError(AssertionError):
     """A result that breaks the correctness rule. The message teaches what went wrong."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython (and so JupyterLab) shows in place of the traceback: the class's name, then
+        every line of the teaching message; the check's own frames would only bury the cause.
+        ipykernel still sends ``ename`` and ``evalue`` as for any error, which grading reads."""
+        notes = [str(n) for n in getattr(self, "__notes__", ())]
+        return [f"\x1b[1;31m{type(self).__name__}:\x1b[0m", *str(self).splitlines(), *notes]
+
 
 # One class under two names: the judge and the grading reports name an error by its class's name,
 # which the course's notebooks and reports have always shown as AttentionCheckError.
