@@ -11,6 +11,9 @@ import re
 from pathlib import Path
 
 _FUNC = re.compile(r"\b[A-Z]+_DEVICE\s+void\s+(\w+)\s*\(")
+#: The first line of every stub body: FA_TODO (defined as nothing by the step's headers) lets the notebook's
+#: compile check and CPU check report a function as not implemented while its body carries it.
+TODO = "FA_TODO(\"{}\");  // the stub's marker: delete this line when you write the body"
 
 
 def make_stub(text: str, bodies: dict[str, list[str]]) -> str:
@@ -43,9 +46,16 @@ def make_stub(text: str, bodies: dict[str, list[str]]) -> str:
     return "".join(out)
 
 
-def write_or_check(solution: Path, stub: Path, bodies: dict[str, list[str]], argv: list[str]) -> int:
-    """The command line of a step's make_stub.py: rewrite ``stub``, or with --check exit 1 when stale."""
-    text = make_stub(solution.read_text(), bodies)
+def with_todo(bodies: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Each function's stub body opened by its FA_TODO marker."""
+    return {func: [TODO.format(func), *lines] for func, lines in bodies.items()}
+
+
+def write_or_check(ladder: Path, bodies: dict[str, list[str]], argv: list[str]) -> int:
+    """The command line of a step's make_stub.py: the step's student_kernel.cu rewritten from
+    ``ladder``/student_kernel_solution.cu, or with --check exit 1 when stale."""
+    stub = ladder.parent / "student_kernel.cu"
+    text = make_stub((ladder / "student_kernel_solution.cu").read_text(), bodies)
     if "--check" in argv:
         ok = stub.exists() and stub.read_text() == text
         print(f"{stub.name} is up to date" if ok else f"{stub.name} is out of date: run make_stub.py")

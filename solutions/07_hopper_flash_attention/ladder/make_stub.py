@@ -13,23 +13,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent          # solutions/07_hopper_flash_attention/ladder (not released)
 sys.path.insert(0, str(HERE.parents[2]))        # the repository root, for autograder.cuda_stub
-from autograder.cuda_stub import write_or_check  # noqa: E402
+from autograder.cuda_stub import with_todo, write_or_check  # noqa: E402
 
-SOLUTION = HERE / "student_kernel_solution.cu"
-STUB = HERE.parent / "student_kernel.cu"
-# Each body starts with FA_TODO("name") (hopper_common.cuh defines it as nothing): the notebook's compile
-# check and CPU check report a function as not implemented while its body carries it.
-TODO = "FA_TODO(\"{}\");  // the stub's marker: delete this line when you write the body"
-STUB_BODIES = {
-    "producer": [TODO.format("producer"),
-                 "(void)tm_q; (void)tm_k; (void)tm_v; (void)smem; (void)bars; (void)p; (void)sched;"],
-    "gemm_qk": [TODO.format("gemm_qk"), "for (int i = 0; i < BLOCK_N / 2; ++i) s[i] = 0.f;",
-                "(void)q_addr; (void)k_addr;"],
-    "gemm_pv": [TODO.format("gemm_pv"), "(void)o; (void)p; (void)v_addr;"],
-    "consumer_mainloop": [TODO.format("consumer_mainloop"),
-                          "(void)acc; (void)smem; (void)bars; (void)p; (void)tile; (void)q_parity; (void)wg;",
+# Each body follows its FA_TODO marker (hopper_common.cuh defines it as nothing).
+STUB_BODIES = with_todo({
+    "producer": ["(void)tm_q; (void)tm_k; (void)tm_v; (void)smem; (void)bars; (void)p; (void)sched;"],
+    "gemm_qk": ["for (int i = 0; i < BLOCK_N / 2; ++i) s[i] = 0.f;", "(void)q_addr; (void)k_addr;"],
+    "gemm_pv": ["(void)o; (void)p; (void)v_addr;"],
+    "consumer_mainloop": ["(void)acc; (void)smem; (void)bars; (void)p; (void)tile; (void)q_parity; (void)wg;",
                           "(void)scale_log2;", "it += nb;"],
-}
+})
 
 if __name__ == "__main__":
-    sys.exit(write_or_check(SOLUTION, STUB, STUB_BODIES, sys.argv[1:]))
+    sys.exit(write_or_check(HERE, STUB_BODIES, sys.argv[1:]))
