@@ -65,7 +65,8 @@ CORPUS = {
     "deleted_test": ("deleted", 7, "deleted cells restored: test_small"),
     "edited_tests": ("edited", 0, "graded"),     # a wrong answer (zeros) whose test cells say `pass`
     "not_json": ("this is { not a notebook", 0, "not a notebook"),
-    "wrong_name": ("wrong_name", 0, "missing notebook 01_vanilla_attention.ipynb"),
+    # a single notebook under another name is graded as the assignment's, and the status says so
+    "wrong_name": ("wrong_name", 7, "my_attention.ipynb taken as 01_vanilla_attention.ipynb"),
     # --- forgeries (issue: grades that cannot be forged) -------------------------------------
     # the three that scored 6/7, 6/7 and 7/7 before the judge (the third, forge_check_sdpa, is in IN_PROCESS);
     # the forgeries that take no pipeline path of their own are in IN_PROCESS and SCAN_ONLY below
