@@ -17,15 +17,10 @@ The check can fail: v4 with its merge replaced by one that averages the splits' 
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from conftest import ROOT
+from ladder_helpers import run_in_interpreter
 
 LADDER = ROOT / "solutions" / "09_decode_paged_kv" / "ladder"
 TWIN = ROOT / "solutions" / "09_decode_paged_kv" / "09_decode_paged_kv.pct.py"
@@ -43,21 +38,6 @@ CHECKS = {
 }
 
 SCRIPT = f"""
-    import importlib.util, json, sys, time, traceback
-    from pathlib import Path
-    import torch
-
-    LADDER = Path({str(LADDER)!r})
-
-    def load(name):
-        spec = importlib.util.spec_from_file_location("ladder09_" + name, LADDER / (name + ".py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-    def report(**kw):
-        print("RESULT " + json.dumps(kw), flush=True)
-
     from facourse.check import AttentionCheckError
     from facourse.decode import check_paged_decode
     rungs = {{name: load(name) for name in {RUNGS!r}}}
@@ -109,13 +89,7 @@ SCRIPT = f"""
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
-    out = [json.loads(ln[len("RESULT "):]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and out, r.stdout[-3000:] + r.stderr[-3000:]
-    return out
+    return run_in_interpreter(LADDER, "ladder09_", SCRIPT)
 
 
 @pytest.mark.parametrize("rung", RUNGS)

@@ -20,15 +20,10 @@ the whole file) loads the rungs by path and reports every check; the tests below
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from conftest import ROOT
+from ladder_helpers import run_in_interpreter
 
 LADDER = ROOT / "solutions" / "10_attention_variants" / "ladder"
 RUNGS = ["v1_dense_mask", "v2_mask_fn", "v3_block_mask", "v4_tuned"]
@@ -56,22 +51,9 @@ CHECKS = [(r, name, "float32") for r in RUNGS for name in VARIANTS] + \
 TAMPERED = ["partial_as_full", "ragged_as_full", "full_dropped", "one_head", "junk_past_counts"]
 
 SCRIPT = f"""
-    import importlib.util, json, math, sys, time, traceback
-    from pathlib import Path
-    import torch
     import facourse.variants as V
 
-    LADDER = Path({str(LADDER)!r})
     sys.path.insert(0, str(LADDER))
-
-    def load(name):
-        spec = importlib.util.spec_from_file_location("ladder10_" + name, LADDER / (name + ".py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-    def report(**kw):
-        print("RESULT " + json.dumps(kw), flush=True)
 
     def attempt(fn, **kw):
         t0 = time.time()
@@ -232,13 +214,7 @@ SCRIPT = f"""
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
-    out = [json.loads(line[len("RESULT "):]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return out
+    return run_in_interpreter(LADDER, "ladder10_", SCRIPT)
 
 
 def _one(results, **key):
