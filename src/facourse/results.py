@@ -10,6 +10,7 @@ timing probe) and writes the README's tables with the functions below, so both r
     >>> from facourse import results
     >>> d = results.load("05")                      # None when nothing is committed
     >>> print(results.bar_table(d))                 # the solution against FA2 and cuDNN
+    >>> d = results.show("09")                      # a lecture's cell: header and table, or "none yet"
 
 Besides the steps, measured.json holds "timing_probe" (benchmarks/timing_probe.py) and
 "06_v5_variants" (step 06's v5 configurations, ladder/v5_variants.py: each variant's fields, checks,
@@ -37,6 +38,34 @@ def load(step: str, path: Path | str | None = None) -> dict | None:
     if not p.exists():
         return None
     return json.loads(p.read_text(encoding="utf-8")).get(step)
+
+
+def markdown(text: str) -> None:
+    """A Markdown table: rendered in a notebook, printed as text elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        get_ipython = None
+    if get_ipython and get_ipython() is not None:
+        display(Markdown(text))
+    else:
+        print(text)
+
+
+def show(name: str, render=None, head=None, missing: str | None = None) -> dict | None:
+    """Print one committed result ("09", "10", "11_traces", ...): its header and ``render(d)`` (default:
+    its kind's ``table``) as Markdown; or, when ``course/results/measured.json`` has none, one line that
+    says so. Returns the result (None when missing) for the lines a lecture prints after the table."""
+    d = load(name)
+    if not d:
+        what = f"step {name}" if name.isdigit() else name
+        print(missing or f"No GPU measurement of {what} is committed yet "
+              f"(course/results/measured.json has no \"{name}\").")
+        return None
+    print((head or header)(d))
+    markdown((render or table)(d))
+    return d
 
 
 def compact(d: dict, source: str) -> dict:
