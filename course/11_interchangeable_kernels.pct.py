@@ -813,9 +813,12 @@ for policy in ("fallback_only", "use_def_best"):
 # ### A solution that does not build here
 #
 # A trace set is usually measured on one machine and deployed on another. Suppose it holds a TileLang
-# solution that PASSED on the GPU machine, and it is deployed where TileLang is absent. No builder takes
-# it: `BuilderRegistry.build` raises `BuildError` (`compile/registry.py`), and remembers the failure.
-# Where the dispatcher builds, it does not catch that error:
+# solution that PASSED on the GPU machine, and it is deployed on a machine without that GPU. The solution
+# below stands in for such a kernel: like a TileLang kernel compiled for sm_90a when its module is
+# imported, its module refuses a machine without a Hopper GPU. Where TileLang is installed (the course's
+# environment), `TileLangBuilder` imports the module and the import fails; where it is absent, no builder
+# takes the solution. Either way `BuilderRegistry.build` raises `BuildError` (`compile/registry.py`) and
+# remembers the failure. Where the dispatcher builds, it does not catch that error:
 #
 # - `enable_apply` builds the table's solutions ahead of time when `aot_ratio > 0` (the default 1.0 builds
 #   every solution that holds a key; `ApplyTable._prewarm_aot` in `apply/table.py`), so it raises there;
@@ -830,8 +833,12 @@ TILELANG_SOLUTION = Solution(
     name="softmax_tilelang_sm90", definition=TOY.name, author="lecture 11",
     spec=BuildSpec(language="tilelang", target_hardware=["NVIDIA H100"], entry_point="main.py::run",
                    destination_passing_style=False),
-    sources=[SourceFile(path="main.py", content="import tilelang\n\n\ndef run(logits, temperature):\n"
-                                                "    raise NotImplementedError('a TileLang kernel would go here')\n")])
+    sources=[SourceFile(path="main.py", content=(
+        "import torch\n\n"
+        "if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):\n"
+        "    raise RuntimeError('this kernel is compiled for sm_90a when it is imported: no Hopper GPU here')\n\n\n"
+        "def run(logits, temperature):\n"
+        "    return torch.softmax(logits / temperature, dim=-1)\n"))])
 HAND_WRITTEN = fib.Trace(
     definition=TOY.name, workload=TOY_WORKLOADS["b128"], solution=TILELANG_SOLUTION.name,
     evaluation=fib.Evaluation(status="PASSED", environment=fib.Environment(hardware="(hand-written, not measured)"),
@@ -839,9 +846,11 @@ HAND_WRITTEN = fib.Trace(
                               correctness=fib.Correctness(), performance=fib.Performance()))
 ROOT_GPU = write_set([HAND_WRITTEN], solutions=[TILELANG_SOLUTION])
 
-if importlib.util.find_spec("tilelang") is not None:
-    print("TileLang is installed here: its builder exists, so this example does not show a failed build.")
+if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+    print("This machine has the Hopper GPU the solution was built for: it builds here, so this example does "
+          "not show a failed build. Run it on a CPU to see one.")
 else:
+    print("TileLang installed:", importlib.util.find_spec("tilelang") is not None)
     for aot_ratio in (1.0, 0.0):
         try:
             rt, softmax = serve(ROOT_GPU, fib.ApplyConfig(max_atol=1.0, max_rtol=1.0, aot_ratio=aot_ratio))
@@ -899,12 +908,8 @@ for wname, w in TOY_WORKLOADS.items():
 # The traces themselves, from `course/results/measured.json` (a copy of the course's benchmark results):
 
 # %%
-TR = results.load("11_traces")
-if not TR:
-    print("No step-11 traces are committed in course/results/measured.json.")
-else:
-    print(results.traces_header(TR))
-    display(Markdown(results.traces_table(TR)))
+TR = results.show("11_traces", results.traces_table, results.traces_header)
+if TR:
     print("per workload, the fastest trace and its lead over the next:")
     for w in dict.fromkeys(r["workload"] for r in TR["traces"]):
         rs = sorted((r for r in TR["traces"] if r["workload"] == w and r["status"] == "PASSED"),
