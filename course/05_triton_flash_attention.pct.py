@@ -192,6 +192,8 @@ check_entry_point(stage1, ONE_TILE, expect_lse=True)
 # unnormalised $O_i$ in registers (step 03's merge, one tile at a time). The update is one small
 # device function, and so is the loop over a range of key tiles, `key_tiles`: stage 3 calls it
 # twice. Here it runs over every tile with the mask on (`MASKED`); stage 3 says when the mask can go.
+# A query tile's start (load $Q_i$, the empty state) and end (divide by $l_i$, store $O_i$ and the lse)
+# are two more, `row_tile_start` and `row_tile_store`, which stage 3 shares.
 
 # %%
 @triton.jit
@@ -230,22 +232,33 @@ def key_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, sks, svs, offs_m, lo, hi, Skv, sca
 
 
 @triton.jit
+def row_tile_start(Q, b, h, sqb, sqh, sqs, offs_m, Sq, BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """Q_i (rows past Sq read as 0) and the empty state: m_i = -inf, l_i = 0, O_i = 0."""
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=offs_m[:, None] < Sq, other=0.0)
+    return q, tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32), tl.zeros([BLOCK_M, D], tl.float32)
+
+
+@triton.jit
+def row_tile_store(O, LSE, acc, m_i, l_i, b, h, bh, sob, soh, sos, offs_m, Sq, D: tl.constexpr):
+    """O_i = acc / l_i and lse_i = m_i + log l_i; a row that saw no key stores 0 and -inf."""
+    offs_d = tl.arange(0, D)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    tl.store(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < Sq)
+    tl.store(LSE + bh * Sq + offs_m, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe)), mask=offs_m < Sq)
+
+
+@triton.jit
 def attn_loop(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
               Hq, Sq, Skv, scale, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // Hq, bh % Hq
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=offs_m[:, None] < Sq, other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    q, m_i, l_i, acc = row_tile_start(Q, b, h, sqb, sqh, sqs, offs_m, Sq, BLOCK_M, D)
     acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, K + b * skb + h * skh, V + b * svb + h * svh, sks, svs, offs_m,
                               0, Skv, Skv, scale, Skv - Sq, BLOCK_N, D, True, CAUSAL)
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < Sq)
-    tl.store(LSE + bh * Sq + offs_m, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe)), mask=offs_m < Sq)
+    row_tile_store(O, LSE, acc, m_i, l_i, b, h, bh, sob, soh, sos, offs_m, Sq, D)
 
 
 def stage2(q, k, v, causal=False, scale=None):
@@ -284,13 +297,9 @@ def attn_causal(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so
     b, h = bh // Hq, bh % Hq
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=offs_m[:, None] < Sq, other=0.0)
+    q, m_i, l_i, acc = row_tile_start(Q, b, h, sqb, sqh, sqs, offs_m, Sq, BLOCK_M, D)
     k_ptr = K + b * skb + h * skh            # multi-head: query head h reads KV head h (stage 4: GQA)
     v_ptr = V + b * svb + h * svh
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
     off = Skv - Sq
     end_free = Skv // BLOCK_N * BLOCK_N      # the whole tiles: past them, a ragged Skv needs the mask
     hi = Skv
@@ -301,9 +310,7 @@ def attn_causal(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so
         hi = tl.minimum(seen_by_last, Skv)
     acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, sks, svs, offs_m, 0, end_free, Skv, scale, off, BLOCK_N, D, False, CAUSAL)
     acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, sks, svs, offs_m, end_free, hi, Skv, scale, off, BLOCK_N, D, True, CAUSAL)
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty), mask=offs_m[:, None] < Sq)
-    tl.store(LSE + bh * Sq + offs_m, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log(l_safe)), mask=offs_m < Sq)
+    row_tile_store(O, LSE, acc, m_i, l_i, b, h, bh, sob, soh, sos, offs_m, Sq, D)
 
 
 def stage3(q, k, v, causal=False, scale=None):

@@ -176,7 +176,7 @@ def run_with_lecture_05(names, body: str) -> str:
 
 def test_lecture_05_kernels_fail_exercise_05():
     out = run_with_lecture_05(["launch", "attn_one_tile", "online_softmax_update", "attn_loop", "key_tiles",
-                               "attn_causal", "stage1", "stage2", "stage3"], """
+                               "row_tile_start", "row_tile_store", "attn_causal", "stage1", "stage2", "stage3"], """
         from facourse import check_entry_point
         for stage in ("stage1", "stage2", "stage3"):
             for cfg in ("small", "medium", "noncausal", "asymmetric", "ragged", "decode", "empty_rows", "d64", "mqa", "overflow"):
@@ -435,7 +435,8 @@ def test_lecture_05_kernel_with_gqa_copied_outside_scores_nothing():
     repeated for every query head, then stage 3. It is a correct attention (the course's check passes
     it); the graded tests refuse it (exercise 05's guard: GQA is the kernel's, no copy of K and V per
     query head), and say so."""
-    out = run_with_lecture_05(["launch", "online_softmax_update", "key_tiles", "attn_causal", "stage3"], """
+    out = run_with_lecture_05(["launch", "online_softmax_update", "key_tiles", "row_tile_start", "row_tile_store",
+                                "attn_causal", "stage3"], """
         from facourse import check_entry_point
         from autograder.judge import run_inprocess
 
