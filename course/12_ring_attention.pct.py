@@ -330,8 +330,9 @@ for S in (128 * 1024, 1024 * 1024):
 #
 # - the link never reaches its datasheet rate (a large point-to-point transfer gets a good fraction of
 #   it, each small message pays a latency of microseconds), so divide $\beta$ by the fraction achieved;
-# - the transfer is not free for the GPU: NCCL's copies run on some of the SMs the attention kernel
-#   wants, and both compete for HBM bandwidth;
+# - the transfer is not free for the GPU: NCCL (NVIDIA's library of collective and point-to-point
+#   operations between GPUs, which `torch.distributed` calls on GPUs) runs its copies on some of the
+#   SMs the attention kernel wants, and both compete for HBM bandwidth;
 # - a small block runs below the kernel's long-sequence rate (lecture 05's sweep: the rate falls at
 #   short lengths), which *helps* hiding but makes everything slower;
 # - the backward moves more (section 7).
@@ -505,7 +506,9 @@ plt.show()
 # with GQA the $K$ and $V$ are much smaller than $Q$, so the all-gather is short next to an attention
 # whose work grows as $S^2$ while the gather grows as $S$.
 #
-# What each costs, per rank and per layer:
+# What each costs, per rank and per layer. In the backward the all-gather has a mirror image, the
+# **reduce-scatter**: every rank holds a gradient for the whole of $K$ and $V$, the ranks' gradients are
+# summed, and each rank receives the sum for its own shard only.
 #
 # | | ring (pass $K/V$) | all-gather $K/V$ |
 # |---|---|---|
@@ -782,9 +785,9 @@ else:
 # - Post the next shard's transfer before computing on the current one; it hides when
 #   $c = S/P \ge \frac{H_{kv}}{H_q}\cdot\frac{e F}{2 f \beta}$: a few hundred tokens on NVLink (450 GB/s per
 #   direction), a few thousand on PCIe Gen5 (64 GB/s), twice that for causal blocks.
-# - Causal with contiguous shards: the last rank does almost everything and the ring saves nothing over
-#   non-causal (57% efficiency at $P = 4$). Zigzag (chunks $r$ and $2P-1-r$ of $2P$; Llama 3,
-#   ring-flash-attention) gives every rank half a block per step: 100%.
+# - Causal with contiguous shards: the last rank does almost everything and the ring saves little over
+#   non-causal (3.5 full blocks' time against 4 at $P = 4$, 57% efficiency). Zigzag (chunks $r$ and
+#   $2P-1-r$ of $2P$; Llama 3, ring-flash-attention) gives every rank half a block per step: 100%.
 # - All-gather $K/V$ (Llama 3): the same bytes, all at once and exposed, all of $K/V$ held; cheap with
 #   GQA on NVLink and any mask is easy; the ring wins on slow links, with many KV heads, or when memory
 #   is short.
