@@ -4,8 +4,10 @@ A figure is a number (or a range `a-b`, or a list `a, b and c`) followed by TFLO
 µs, `x`/`×`/`1.5 times` (a ratio) or `%`, or a rate that takes its unit from the one before it ("367
 on long", "FA2's 307"), in the manifests' rung verdicts (`solutions/*/step.toml`), the lectures
 (`course/*.pct.py`: prose, comments and literal strings; what a cell computes from
-`course/results/measured.json` is not text and is not checked here), the top-level README and the
-student README. Each one must match, at the precision it is printed with, a value of the same unit
+`course/results/measured.json` is not text and is not checked here), the top-level README, the
+student README and the prose of `benchmarks/README.md` (its tables, written by `benchmarks/tables.py`
+between `<!-- table:NAME -->` markers, are the results themselves and are left out; each of its
+`## Step NN` sections may quote that step's results). Each one must match, at the precision it is printed with, a value of the same unit
 in the committed results (`benchmarks/results/`: the JSON's numeric fields by name, the text
 records' figures), or a ratio of two rates of one configuration there. Where it may come from is
 narrowed as far as the text says: the results of the file's step; the files its paragraph cites; a
@@ -347,11 +349,20 @@ def _cited(text: str, files: list[str]) -> list[str]:
     return out
 
 
+GENERATED = re.compile(r"^<!-- table:(\w+) -->$.*?^<!-- /table:\1 -->$", re.M | re.S)
+SECTION = re.compile(r"## Step (\d\d)\b")
+
+
+def prose(text: str) -> str:
+    """The text without the blocks benchmarks/tables.py writes, its line numbers kept."""
+    return GENERATED.sub(lambda m: "\n" * m[0].count("\n"), text)
+
+
 def scoped_figures(rel: str, steps, text: str | None = None) -> list[tuple[Figure, Scope]]:
     """Every figure of a checked file with where it may come from: a paragraph that names result
     files, those; a manifest's verdict, the rows of its rung (and of the rungs it names); else the
-    results of the file's steps."""
-    text = (ROOT / rel).read_text() if text is None else text
+    results of the file's steps (or of the `## Step NN` section it stands in)."""
+    text = prose((ROOT / rel).read_text() if text is None else text)
     lines = text.splitlines()
     step_files = sources_for(steps)
     out = []
@@ -371,6 +382,8 @@ def scoped_figures(rel: str, steps, text: str | None = None) -> list[tuple[Figur
             out += [(f, scope) for f in figures(line, f"{rel}:{i}")]
         return out
     for start, block in _paragraphs(lines):
+        if m := SECTION.match(block[0]):
+            step_files = sources_for(LECTURE_STEPS.get(m[1], (m[1],)))
         scope = Scope(_cited("\n".join(block), step_files) or step_files)
         for k, line in enumerate(block):
             out += [(f, scope) for f in figures(line, f"{rel}:{start + k}")]
@@ -406,7 +419,7 @@ def checked_files() -> list[tuple[str, tuple[str, ...] | None]]:
         out.append((str(p.relative_to(ROOT)), (p.parent.name[:2],)))
     for p in sorted((ROOT / "course").glob("*.pct.py")):
         out.append((str(p.relative_to(ROOT)), LECTURE_STEPS.get(p.name[:2], (p.name[:2],))))
-    out += [("README.md", None), ("docs/STUDENT_README.md", None)]
+    out += [("README.md", None), ("docs/STUDENT_README.md", None), ("benchmarks/README.md", None)]
     return out
 
 
@@ -471,6 +484,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     (_C + "12_ring_attention.pct.py", "57%"): "the causal ring's efficiency at P = 4, counted in the lecture",
     (_C + "12_ring_attention.pct.py", "100%"): "zigzag's balance, counted in the lecture",
     (_C + "12_ring_attention.pct.py", "67%"): "an efficiency bound counted in the lecture",
+    ("benchmarks/README.md", "3 %"): "apply()'s tolerance for a right choice (benchmarks/traces.py TOLERANCE)",
+    ("benchmarks/README.md", "1 µs"): "the timer's resolution (benchmarks/traces.py RESOLUTION_MS)",
 }
 
 
@@ -514,6 +529,8 @@ def test_the_readmes_ci_time_is_the_designs():
     ("course/06_cuda_flash_attention.pct.py", "328 TFLOP/s on `large`", "338 TFLOP/s on `large`"),
     ("course/11_interchangeable_kernels.pct.py", "1.48x FA2's 307", "1.58x FA2's 307"),
     ("course/02_safe_softmax.pct.py", "three-pass 6.11 ms", "three-pass 6.41 ms"),
+    ("benchmarks/README.md", "against v6's 605", "against v6's 615"),
+    ("benchmarks/README.md", "888-890 TFLOP/s in FP8", "878-890 TFLOP/s in FP8"),
 ])
 def test_a_wrong_figure_is_caught(rel, right, wrong):
     """The check is tight enough to catch a figure a little off (another run's, a rounding slip)."""
@@ -535,3 +552,18 @@ if __name__ == "__main__":
             print(f"ok   {f.where}: {f.number} in {f.text!r} <- {how} of {scope.rungs or 'any rung'}")
         for f, _, _ in bad:
             print(f"MISS {f.where}: {f.number} in {f.text!r}")
+
+
+def test_the_benchmark_readme_prose_is_checked_and_its_tables_are_not():
+    """benchmarks/README.md's prose is checked; the generated tables between its markers are blanked
+    (line numbers kept), and a step section's paragraphs take that step's results."""
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    kept = prose(text)
+    assert len(kept.splitlines()) == len(text.splitlines())
+    assert "<!-- table:" in text and "<!-- table:" not in kept and "| rung |" not in kept
+    where = {f.where for f, _ in scoped_figures("benchmarks/README.md", None)}
+    assert any(w.startswith("benchmarks/README.md:") for w in where), "no figure found in the README's prose"
+    # a step-10 figure put in a step-05 paragraph is not found in step 05's results
+    moved = text.replace("## Step 05 — Triton FlashAttention-2\n", "## Step 05 — Triton FlashAttention-2\n\n"
+                         "The FP8 rung read 888 TFLOP/s in FP8 on long.\n", 1)
+    assert [f.number for f, _, _ in check("benchmarks/README.md", None, moved)[1]] == ["888"]
