@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from facourse.steps import exercise_source
 from facourse.triton_setup import interpret_without_gpu
 
 INTERPRET = interpret_without_gpu()  # before triton is imported anywhere
@@ -54,28 +55,13 @@ def attention_forward(q, k, v, causal=False, scale=None):
 def make_train_fn(attention_backward, name="FlashAttentionTrain"):
     """``flash_attention_train(q, k, v, causal=False, scale=None) -> o`` backed by a rung's backward.
 
-    The autograd.Function's forward runs the Triton forward and saves only q, k, v, o, lse; its
-    backward calls ``attention_backward(q, k, v, o, lse, do, causal, scale) -> (dq, dk, dv)``.
+    The exercise's own autograd cell (its ``FlashAttentionTrain`` saves only q, k, v, o, lse), run with
+    this forward and ``attention_backward(q, k, v, o, lse, do, causal, scale) -> (dq, dk, dv)``.
     """
-
-    class Fn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, causal, scale):
-            o, lse = attention_forward(q, k, v, causal, scale)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.causal, ctx.scale = causal, scale
-            return o
-
-        @staticmethod
-        def backward(ctx, do):
-            q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = attention_backward(q, k, v, o, lse, do, causal=ctx.causal, scale=ctx.scale)
-            return dq, dk, dv, None, None
-
-    Fn.__name__ = Fn.__qualname__ = name
-
-    def flash_attention_train(q, k, v, causal=False, scale=None):
-        """Attention with gradients: o = softmax(scale * q k^T + mask) v; call o.backward(...)."""
-        return Fn.apply(q, k, v, bool(causal), scale)
-
-    return flash_attention_train
+    scope = {"INTERPRET": INTERPRET, "torch": torch}
+    cell = compile(exercise_source("08", ("autograd",)), f"<exercise 08: cell autograd, {name}>", "exec")
+    exec(cell, scope)  # noqa: S102
+    scope.update(attention_forward=attention_forward, attention_backward=attention_backward)
+    fn = scope["FlashAttentionTrain"]
+    fn.__name__ = fn.__qualname__ = name
+    return scope["flash_attention_train"]
