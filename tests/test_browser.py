@@ -6,7 +6,8 @@ then, as a student would, with the notebook's own menus:
 
 1. Run All on the untouched stub: the visible test's output ends in the stub's NotImplementedError;
 2. types a version of the function with the classic GQA mistake into the stub's cell, Run All: the
-   output names the likely cause (the KV head a query head reads);
+   failed check shows its teaching message alone, naming the likely cause (the KV head a query head
+   reads), with no frame of the library, kernel warning or grading jargon (issue 34);
 3. types the solution, Run All: the visible test reports ``passed``.
 
 Each state's screenshot is kept in ``build/test-artifacts/browser/`` (git-ignored). What the test
@@ -16,6 +17,7 @@ needs it installs in its own set-up: apt's ``chromium`` (root, as on the course'
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -35,6 +37,18 @@ CHROMIUM = ("chromium", "chromium-browser")
 #: The classic GQA mistake (query head h reading KV head h % Hkv), as a student would type it.
 GQA_BUG = ("repeat_interleave(group, dim=1)", "repeat(1, group, 1, 1)")
 LIKELY_CAUSE = "query head h reads KV head h % Hkv"
+#: What a failed check's cell must not show besides its message: kernel warnings, grading jargon.
+NOT_FOR_STUDENTS = ("WARNING", "IPKernelApp", "nbgrader", "grade_id", "judge")
+#: Traces of a library frame in a rendered error: a file's path, an arrow at a source line, the raise.
+FRAME = re.compile(r"facourse/|File \S*\.py|Traceback|^\s*-*>|^\s*\d*\s*raise\b", re.M)
+
+
+def assert_message_alone(text: str, error: str) -> None:
+    """``text``, a failed check's rendered error, is the error's name, then the teaching message (its first
+    line names the configuration), and no frame of the library."""
+    lines = text.strip().splitlines()
+    assert lines[0].strip() == f"{error}:" and lines[1].startswith("["), f"not the check's message first:\n{text}"
+    assert not FRAME.search(text), f"a library frame shows with the message:\n{text}"
 
 
 def _install(cmd: list[str], what: str, timeout: float) -> str | None:
@@ -191,6 +205,12 @@ def test_exercise_01_in_jupyterlab(lab):
             me.run_all()
             text = me.wait_for_output("likely cause", "2_gqa_bug")
             assert LIKELY_CAUSE in text, f"the teaching message does not name the mistake:\n{text}"
+            assert_message_alone(text, "AttentionCheckError")
+            outputs = page.locator(".jp-Notebook .jp-Cell").nth(cell + 2).locator(".jp-OutputArea")
+            whole = outputs.inner_text()
+            assert LIKELY_CAUSE in whole and not [w for w in NOT_FOR_STUDENTS if w in whole], \
+                f"the failed check's cell shows more than its message:\n{whole}"
+            outputs.screenshot(path=str(ARTIFACTS / "2_gqa_bug_output.png"))
 
             me.replace_cell(cell, solution)                                # 3. the solution
             me.run_all()
