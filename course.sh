@@ -94,8 +94,41 @@ if not args:
     print("ok: the notebooks can run here (./course.sh lab)")
     sys.exit(0)
 
+import itertools
+
 import nbformat
 from nbclient import NotebookClient
+
+
+def failure(ename, evalue):
+    """A failed cell in a few lines, the cause first: the checks end their message with the likely
+    cause, which a terminal would otherwise show last, after the figures."""
+    lines = [ln.rstrip() for ln in evalue.splitlines() if ln.strip()]
+    if ename == "NotImplementedError" and not lines:
+        return ["a stub you have not filled in yet"]
+    if not lines:
+        return [ename]
+    head = f"{ename}: {lines[0].strip()}"
+    if lines[0].endswith(":") and len(lines) > 1:     # the first line only announces what follows
+        head += " " + lines[1].strip()
+    for i, ln in enumerate(lines):
+        if ln.lstrip().startswith("likely cause:"):
+            depth = len(ln) - len(ln.lstrip())
+            more = itertools.takewhile(lambda c: len(c) - len(c.lstrip()) > depth, lines[i + 1:])
+            cause = [ln.strip()] + [c.strip() for c in more]
+            return [" ".join(cause), head]
+    return [head]
+
+
+def skipped(cell):
+    """The reason a graded cell skipped its test on this machine (it printed "Skipped..."), or None."""
+    for o in cell.outputs:
+        if o.output_type == "stream" and o.get("name") == "stdout":
+            for ln in o.text.splitlines():
+                if ln.startswith("Skipped"):
+                    return ln.split(":", 1)[-1].strip() if ":" in ln else ln
+    return None
+
 
 status = 0
 for step in args:
@@ -107,8 +140,11 @@ for step in args:
     nb = nbformat.read(path, as_version=4)
     t0 = time.time()
     print(f"running {path} ...", flush=True)
+    # the kernel's own start-up warnings (plain-TCP transport on localhost) say nothing about the exercise
     NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=True,
+                   extra_arguments=["--IPKernelApp.log_level=ERROR"],
                    resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+    failed = skips = 0
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -116,18 +152,24 @@ for step in args:
         name = meta.get("grade_id") or cell.get("id", "?")
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if errors:
-            e = errors[0]
-            why = e.evalue.strip().splitlines()[0] if e.evalue.strip() else ""
-            if e.ename == "NotImplementedError" and not why:
-                why = "a stub you have not filled in yet"
-            print(f"  FAIL  {name}: {e.ename}: {why}")
-            status = 1
+            first, *rest = failure(errors[0].ename, errors[0].evalue)
+            print(f"  FAIL  {name}: {first}")
+            for ln in rest:
+                print(f"        {ln}")
+            failed += 1
         elif meta.get("grade") and "".join(cell.source).strip():
             hidden = all(l.lstrip().startswith("#") for l in cell.source.strip().splitlines())
-            if not hidden:
+            why = skipped(cell)
+            if why is not None:
+                print(f"  skip  {name}: {why} (0 points on this machine)")
+                skips += 1
+            elif not hidden:
                 print(f"  pass  {name}")
-    print(f"{path}: {'visible tests pass' if status == 0 else 'some cells fail (above)'} "
-          f"({time.time() - t0:.0f} s); the hidden tests check more configurations")
+    status = status or int(failed > 0)
+    verdict = "some cells fail (above)" if failed else "visible tests pass"
+    if skips:
+        verdict += f", {skips} skipped here (they need a GPU this machine lacks)"
+    print(f"{path}: {verdict} ({time.time() - t0:.0f} s); the hidden tests check more configurations")
 sys.exit(status)
 EOF
 }
