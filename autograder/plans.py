@@ -32,7 +32,9 @@ by name, with their keyword arguments; the judge adds a fresh secret seed to eac
   tests time that function too).
 
 A test passes when every check passes in the judge; a perf test then earns what
-``thresholds.toml`` gives its measured ratio. Tests are all-or-nothing otherwise.
+``thresholds.toml`` gives its measured ratio. Tests are all-or-nothing otherwise. One test, one
+cause: no two tests of a plan run the same check with the same arguments, so a mistake that breaks
+one case costs the points of one test (tests/test_one_cause.py).
 """
 from __future__ import annotations
 
@@ -223,7 +225,7 @@ def _step09() -> dict[str, Test]:
         return Test(tuple(Check("paged", {"case": c, **kw}) for c in cases), guard=guard, needs=needs)
 
     tests = {
-        "test_mixed": t("mixed", "spec"),
+        "test_mixed": t("mixed"),           # the speculative case is test_spec's alone: one mistake, one test
         "test_page64": t("page64"),
         "test_page48": t("page48"),
         "test_prefix": t("prefix"),

@@ -1,0 +1,33 @@
+"""One test, one cause: a mistake that breaks one case costs the points of one test, not two."""
+from __future__ import annotations
+
+import json
+
+from conftest import planted_verdicts, solution_code
+from autograder.plans import PLANS, plan_of
+
+
+def test_no_two_tests_of_a_plan_run_the_same_check():
+    """A check with the same arguments in two tests would fail both for one mistake."""
+    shared = []
+    for a in PLANS:
+        owner = {}
+        for name, t in plan_of(a).items():
+            for c in t.checks:
+                key = json.dumps([c.name, c.kwargs, c.bind, t.needs, bool(t.perf)], sort_keys=True)
+                if owner.setdefault(key, name) != name:
+                    shared.append(f"{a}: {name} and {owner[key]} both run {key}")
+    assert not shared, "\n".join(shared)
+
+
+def test_09_a_speculative_only_mistake_costs_test_spec_alone(tmp_path):
+    """Causal masking dropped among the Sq new tokens: every Sq = 1 row is still right (its one token
+    sees the whole sequence), so test_mixed keeps its points and test_spec loses its own."""
+    step = "09_decode_paged_kv"
+    old = "keep = inside[None, :] & (offs_n[None, :] <= tok[:, None] + L - SQ)"
+    assert old in solution_code(step)["split_kernel"]
+    bug = {"split_kernel": solution_code(step)["split_kernel"].replace(old, "keep = inside[None, :] & (tok[:, None] >= 0)")}
+    got = planted_verdicts(tmp_path, step, ("setup",), {"no_spec_causal": bug},
+                           tests=["test_mixed", "test_spec"])["no_spec_causal"]
+    assert got["test_spec"]["points"] == 0, got
+    assert got["test_mixed"]["points"] == got["test_mixed"]["max"], got
