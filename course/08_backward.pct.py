@@ -643,13 +643,13 @@ data_gen = torch.Generator().manual_seed(1234)
 digits = torch.randint(0, 10, (STEPS, BATCH, L), generator=data_gen)
 batches = torch.cat([digits, torch.full((STEPS, BATCH, 1), SEP), digits], dim=-1)   # [steps, batch, 2L + 1]
 
-curves, seconds = {}, {}
-for name, attn in ATTENTION.items():
-    torch.manual_seed(0)                                     # the same initial weights
+def train(attn, steps=STEPS):
+    """The loss of each step, from the same initial weights and batches for every attention."""
+    torch.manual_seed(0)
     model = TinyDecoder(attn, VOCAB, seq=2 * L + 1)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
-    losses, t0 = [], time.perf_counter()
-    for step in range(STEPS):
+    losses = []
+    for step in range(steps):
         tokens = batches[step]
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits[:, L:].reshape(-1, VOCAB), tokens[:, L + 1:].reshape(-1))  # the second copy
@@ -657,7 +657,14 @@ for name, attn in ATTENTION.items():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    curves[name], seconds[name] = torch.tensor(losses), time.perf_counter() - t0
+    return torch.tensor(losses)
+
+
+curves, seconds = {}, {}
+for name, attn in ATTENTION.items():
+    t0 = time.perf_counter()
+    curves[name] = train(attn)
+    seconds[name] = time.perf_counter() - t0
 
 (a_name, a), (b_name, b) = curves.items()
 gap = (a - b).abs().max().item()
@@ -690,11 +697,38 @@ plt.show()
 # attentions round differently in their last bits (different summation orders, one $\exp$ per
 # tile), and training carries those differences along: the gap starts near fp32's rounding of the loss
 # (the cell's second line) and grows over the 300 steps to the largest gap it prints, below the
-# tolerance by about two orders of magnitude on the CPUs we ran it on. (With a larger
-# learning rate the late, fast part of training amplifies it more: at `lr=3e-3` we saw $10^{-4}$.)
-# A wrong gradient is of another order: with $D$ dropped from $dS$ (the softmax's Jacobian cut
-# short) the model still trains, but its loss is $10^{-4}$ away from SDPA's within a few steps,
-# past the tolerance after about a dozen and $10^{-2}$ away after forty.
+# tolerance by about two orders of magnitude on the CPUs we ran it on. (A larger learning rate makes
+# the late, fast part of training amplify it more.)
+#
+# A wrong gradient is of another order. The cell below trains the same model with $D$ dropped from
+# $dS$ (the softmax's Jacobian cut short: `tiled_backward` handed $O = 0$, so that
+# $D = \mathrm{rowsum}(dO \circ O) = 0$) and prints how far its loss is from SDPA's as it goes.
+
+# %%
+class NoDTerm(TiledAttention):
+    """The classic mistake: dS = P ∘ dP, without the - D term."""
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, scale, block_m, block_n = ctx.args
+        dq, dk, dv = tiled_backward(q, k, v, torch.zeros_like(o), lse, do, causal, scale, block_m, block_n)
+        return dq, dk, dv, None, None, None, None
+
+
+WRONG_STEPS = 40
+wrong = train(lambda q, k, v: NoDTerm.apply(q, k, v, True, q.shape[-1] ** -0.5, 8, 8), WRONG_STEPS)
+off = (wrong - curves["torch SDPA"][:WRONG_STEPS]).abs()
+print("|loss difference| from SDPA's run with D dropped, at steps "
+      + ", ".join(f"{i}: {off[i].item():.1e}" for i in (1, 5, 10, 20, WRONG_STEPS - 1)))
+first = (off > TOL).nonzero()
+print(f"past the tolerance {TOL:g} from step {first[0].item() if len(first) else 'never'}; "
+      f"loss {wrong[0]:.3f} -> {wrong[-1]:.3f} (SDPA's {curves['torch SDPA'][WRONG_STEPS - 1]:.3f})")
+assert len(first), "the wrong gradient stayed within the tolerance"
+
+# %% [markdown]
+# The model still trains with the wrong gradient, but its loss leaves SDPA's within a few steps and
+# passes the tolerance soon after (the lines above): the gap of a wrong gradient grows by orders of
+# magnitude in steps where fp32's rounding stays put.
 #
 # ## 8. On a GPU
 #
