@@ -167,11 +167,20 @@ def repair(folder: Path, assignment: str, release_dir: Path = EXERCISES) -> list
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             cells = data["cells"]
-            release_cells = json.loads(ref.read_text(encoding="utf-8"))["cells"]
+            release_nb = json.loads(ref.read_text(encoding="utf-8"))
+            release_cells, release_meta = release_nb["cells"], release_nb.get("metadata")
         except (OSError, ValueError, KeyError, TypeError):
             continue            # precheck says what is wrong with it
         if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
             continue
+        # the kernel is the release's: another one named in the submission may not exist here
+        spec = release_meta.get("kernelspec") if isinstance(release_meta, dict) else None
+        nb_meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+        theirs = nb_meta.get("kernelspec")
+        respec = isinstance(spec, dict) and isinstance(theirs, dict) and theirs.get("name") != spec.get("name")
+        if respec:
+            data["metadata"] = {**nb_meta, "kernelspec": spec}
+            notes.append(f"kernel {theirs.get('name')!r} replaced by the release's {spec.get('name')!r}")
 
         def kind(cell):
             m = (cell.get("metadata") or {}).get("nbgrader") or {}
@@ -207,7 +216,7 @@ def repair(folder: Path, assignment: str, release_dir: Path = EXERCISES) -> list
                 del cell["metadata"]["nbgrader"]
                 keep.append(cell)
                 notes.append(f"{what}: not a cell of the release, run as the student's own code")
-        if changed:
+        if changed or respec:
             data["cells"] = keep
             path.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
     return notes

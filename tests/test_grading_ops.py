@@ -207,6 +207,27 @@ def test_renamed_notebook_and_changed_grade_ids_are_repaired(tmp_path):
     assert "graded as the release's" in res.status, res.status
 
 
+@pytest.mark.slow
+def test_a_kernel_that_does_not_start_is_not_a_grade(tmp_path, monkeypatch):
+    """A broken Jupyter set-up (the python3 kernel exits at once: nbgrader prints "Kernel died
+    before replying to kernel_info" and gives 0): alice's submission is left ungraded, nothing
+    recorded; once the kernel starts again she gets her clean run's grade."""
+    spec = tmp_path / "jupyter" / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, "-c", "raise SystemExit(1)",
+                                                           "{connection_file}"],
+                                                  "display_name": "Python 3", "language": "python"}))
+    ws, subs = tmp_path / "ws", _subs(tmp_path, ("alice",))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    (res,) = workers.autograde(subs, ws, quiet=True, cell_timeout=120)
+    assert res.status.startswith(grader.UNGRADED + "the notebook's kernel did not start"), res.status
+    assert not _recorded(ws) and not _in_gradebook(ws)
+    monkeypatch.delenv("JUPYTER_PATH")
+    (res,) = workers.autograde(subs, ws, quiet=True, cell_timeout=120)
+    assert (res.score, res.status, res.reused) == (CLEAN["alice"], "graded", False)
+    assert _recorded(ws) == _in_gradebook(ws) == {"alice": CLEAN["alice"]}
+
+
 # ----------------------------------------------------------------------------- fast: a stand-in grader
 def _fake_subs(tmp_path, students=("s1", "s2", "s3", "s4")) -> Path:
     subs = tmp_path / "subs"
@@ -362,6 +383,7 @@ def test_repair_names_each_change(tmp_path):
     cells.append(json.loads(json.dumps(cells[ids.index("test_medium")])))     # a pasted copy of a test
     own = json.loads(json.dumps(next(c for c in cells if c["metadata"]["nbgrader"].get("solution"))))
     cells.append(own)          # a copy of the solution cell: the student's own code from now on
+    nb["metadata"]["kernelspec"] = {"name": "conda-env-myenv-py", "display_name": "mine", "language": "python"}
     d = tmp_path / "sub"
     d.mkdir()
     (d / "mine.ipynb").write_text(json.dumps(nb))
@@ -374,6 +396,8 @@ def test_repair_names_each_change(tmp_path):
     assert any("'test_renamed') graded as the release's 'test_small'" in n for n in notes), notes
     assert any("a copy of a locked cell, left out" in n for n in notes), notes
     assert any("run as the student's own code" in n for n in notes), notes
+    assert "kernel 'conda-env-myenv-py' replaced by the release's 'python3'" in notes
+    assert json.loads((d / f"{A}.ipynb").read_text())["metadata"]["kernelspec"]["name"] == "python3"
     assert staging.repair(d, A, ROOT / "exercises") == []
 
 
