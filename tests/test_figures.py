@@ -16,6 +16,11 @@ verdict's own rung (and the rungs it names); the configurations and reference it
 not our measurements (data-sheet peaks, papers, the design's thresholds, arithmetic the lecture
 derives) are in DATASHEET and ALLOWED below, each with its reason.
 
+An error's order of magnitude in a lecture's prose or comments ($10^{-7}$, `1.7e-5`) has no unit to
+match against the results: each one is in MAGNITUDES, either a number that is no measurement (a
+threshold, a dtype's property, a paper's) with its reason, or a measurement with the label of the
+`print` in that lecture's code that shows it.
+
     python tests/test_figures.py [FILE ...]   # list every figure with where it was found, or why not
 """
 from __future__ import annotations
@@ -489,6 +494,52 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
+# An error's order of magnitude: 10^{-7} (optionally a \\cdot 10^{-k}) or 1.7e-5, never a positive exponent.
+MAGNITUDE = re.compile(r"(?<![\w.])(?:\d+(?:\.\d+)?\s*(?:\\cdot|·|\\times)\s*)?10\^\{?-\d+\}?"
+                       r"|(?<![\w.])\d+(?:\.\d+)?e-\d+\b")
+_RULE = "the correctness rule's absolute term (DESIGN.md)"
+# Magnitudes in the lectures: (file, as written) -> (why it may stand, the label of the lecture's print
+# that shows it when it is a measurement, else None).
+MAGNITUDES: dict[tuple[str, str], tuple[str, str | None]] = {
+    (_C + "01_vanilla_attention.pct.py", "10^{-3}"): (_RULE, None),
+    (_C + "02_safe_softmax.pct.py", "6.1\\cdot10^{-5}"): ("fp16's smallest normal number, 2^-14", None),
+    (_C + "02_safe_softmax.pct.py", "1.2\\cdot10^{-38}"): ("bf16's and fp32's smallest normal, 2^-126", None),
+    (_C + "06_cuda_flash_attention.pct.py", "10^{-3}"): (_RULE, None),
+    (_C + "07_hopper_flash_attention.pct.py", "9.1e-3"): ("FA3 paper §4.3, quoted as the paper's", None),
+    (_C + "07_hopper_flash_attention.pct.py", "2.4e-2"): ("FA3 paper §4.3, quoted as the paper's", None),
+    (_C + "08_backward.pct.py", "1e-7"): ("fp32's relative rounding, 2^-24 ≈ 6e-8", None),
+    (_C + "08_backward.pct.py", "10^{-7}"): ("the gradients' errors the cells print", "max |error| dQ"),
+    (_C + "08_backward.pct.py", "10^{-15}"): ("float64's relative rounding, 2^-53 ≈ 1e-16", None),
+    (_C + "08_backward.pct.py", "10^{-5}"): ("the assertion's threshold in the cell below", None),
+    (_C + "08_backward.pct.py", "10^{-3}"): ("the loss tolerance, TOL in the cell above", None),
+    (_C + "09_decode_paged_kv.pct.py", "10^{-7}"): ("the lse's error the cell above prints", "max |lse - ref|"),
+    (_C + "10_attention_variants.pct.py", "2 \\cdot 10^{-22}"): ("e^-50, arithmetic", None),
+    (_C + "11_interchangeable_kernels.pct.py", "10^{-3}"): (_RULE, None),
+    (_C + "11_interchangeable_kernels.pct.py", "1e-2"): ("FlashInfer-Bench's default max_atol", None),
+    (_C + "11_interchangeable_kernels.pct.py", "1e-5"): ("FlashInfer-Bench's default max_rtol", None),
+    (_C + "11_interchangeable_kernels.pct.py", "5 \\cdot 10^{-4}"): ("2^-11, arithmetic", None),
+    (_C + "11_interchangeable_kernels.pct.py", "10^{-8}"): ("FlashInfer-Bench's epsilon in its formula", None),
+}
+
+
+def magnitude_problems(rel: str, text: str | None = None) -> list[str]:
+    """The magnitudes of a lecture's prose and comments that MAGNITUDES does not explain, and the
+    measurements whose print is not in the lecture's code."""
+    text = (ROOT / rel).read_text() if text is None else text
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.lstrip().startswith("#"):
+            continue
+        for m in MAGNITUDE.finditer(line):
+            why = MAGNITUDES.get((rel, m[0]))
+            if why is None:
+                out.append(f"{rel}:{i}: {m[0]} is not in MAGNITUDES")
+            elif why[1] and not re.search(r"print\((?:[^\n]*\n){0,3}[^\n]*" + re.escape(why[1]), code):
+                out.append(f"{rel}:{i}: {m[0]} is a measurement, but no print of {why[1]!r} is in the lecture")
+    return out
+
+
 def check(rel: str, steps, text: str | None = None) -> tuple[list, list]:
     ok, bad = [], []
     for fig, scope in scoped_figures(rel, steps, text):
@@ -567,3 +618,20 @@ def test_the_benchmark_readme_prose_is_checked_and_its_tables_are_not():
     moved = text.replace("## Step 05 — Triton FlashAttention-2\n", "## Step 05 — Triton FlashAttention-2\n\n"
                          "The FP8 rung read 888 TFLOP/s in FP8 on long.\n", 1)
     assert [f.number for f, _, _ in check("benchmarks/README.md", None, moved)[1]] == ["888"]
+
+
+def test_every_error_magnitude_in_a_lecture_is_printed_there_or_explained():
+    problems = [p for rel, _ in checked_files() if rel.startswith(_C) for p in magnitude_problems(rel)]
+    assert not problems, ("a lecture states an error magnitude that no cell of it prints and MAGNITUDES "
+                          "does not explain:\n  " + "\n  ".join(problems))
+
+
+def test_an_unprinted_magnitude_is_caught():
+    rel = _C + "08_backward.pct.py"
+    text = (ROOT / rel).read_text()
+    claim = "# and on this machine stays within a few $10^{-6}$ over the 300 steps.\n"
+    assert magnitude_problems(rel, text + claim) == [f"{rel}:{len(text.splitlines()) + 1}: 10^{{-6}} is not "
+                                                      "in MAGNITUDES"]
+    assert "max |error| dQ" in text
+    unprinted = magnitude_problems(rel, text.replace("max |error| dQ", "largest error of dQ"))
+    assert unprinted and all("no print of 'max |error| dQ'" in p for p in unprinted), unprinted
