@@ -18,12 +18,12 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+from lab_server import running_lab
 from autograder import cli, formgrader, model
 from test_browser import ARTIFACTS, _chromium, _free_port, _playwright
 
@@ -50,7 +50,10 @@ def _manual(ws: Path, student: str) -> tuple:
 
 @pytest.fixture(scope="module")
 def formgrader_lab(tmp_path_factory):
-    """alice's step 02 graded into a workspace, and the formgrader's JupyterLab on it: (base, token, ws)."""
+    """alice's step 02 graded into a workspace, and the formgrader's JupyterLab on it: (chromium, Playwright's
+    sync_playwright, base, token, ws). Skips first where the browser cannot be had, before the grading."""
+    chromium, sync_playwright = _chromium(), _playwright()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     root = tmp_path_factory.mktemp("formgrader")
     ws, subs = root / "ws", root / "subs"
     shutil.copytree(model.SAMPLES / "alice" / A, subs / "alice" / A)
@@ -64,37 +67,13 @@ def formgrader_lab(tmp_path_factory):
     cmd, env, cwd = formgrader.lab_command(ws, port, token)
     assert "--ip=127.0.0.1" in cmd and Path(cwd) == ROOT / "autograder"
     env = dict(env, JUPYTER_CONFIG_DIR=str(root / ".jupyter-config"), OMP_NUM_THREADS="1")
-    log = open(root / "lab.log", "w")
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"JupyterLab did not start:\n{(root / 'lab.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield base, token, ws
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with running_lab(cmd, cwd, env, port, token, root / "lab.log") as base:
+        yield chromium, sync_playwright, base, token, ws
 
 
 @pytest.mark.slow
 def test_written_answer_graded_in_the_formgrader(formgrader_lab):
-    chromium = _chromium()
-    sync_playwright = _playwright()
-    base, token, ws = formgrader_lab
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    chromium, sync_playwright, base, token, ws = formgrader_lab
     sid = _submission_id(ws, "alice")
     assert _manual(ws, "alice")[:2] == (None, True), "alice's written answer is already graded"
     with sync_playwright() as pw:
