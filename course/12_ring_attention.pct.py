@@ -406,7 +406,7 @@ plt.show()
 # give shard $r$ to rank $r$: rank 0's queries see only its own keys, a triangle, and the $K/V$ of every
 # other rank arrive for nothing; rank $P - 1$'s queries see every key, $P - 1$ full blocks and a
 # triangle. The attention is done when its busiest rank is done, and that rank does almost a full
-# non-causal attention's share: the causal mask's saving of half the work is lost. (Waiting for shards
+# non-causal attention's share: most of the causal mask's saving of half the work is lost. (Waiting for shards
 # can only add to the busiest rank's time; the efficiency below, the even share over the busiest
 # rank's work, is the best the layout allows.)
 #
