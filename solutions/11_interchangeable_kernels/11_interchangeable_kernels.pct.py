@@ -75,6 +75,7 @@ LN2 = math.log(2.0)
 # %% nbgrader={"grade": false, "grade_id": "definition", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def make_definition() -> Definition:
     """The operator, as a flashinfer_bench Definition (axes, inputs, outputs, a PyTorch reference)."""
+    # YOUR CODE HERE (about 35 lines)
     ### BEGIN SOLUTION
     reference = '''
 import math
@@ -167,6 +168,7 @@ print([w.axes for w in fx.workloads("cpu")])
 # %% nbgrader={"grade": false, "grade_id": "trace_solutions", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def trace_solutions(definition, solutions, workloads) -> list:
     """One flashinfer_bench Trace per (solution, workload): built, run, checked (and timed on a GPU)."""
+    # YOUR CODE HERE (about 8 lines)
     ### BEGIN SOLUTION
     registry = BuilderRegistry.get_instance()
     traces = []
@@ -215,6 +217,7 @@ judge("test_traces", trace_solutions)
 # %% nbgrader={"grade": false, "grade_id": "deploy", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def deploy(root):
     """attn(q, k, v, causal) -> out, routed by apply() over the traces in root, with a safe fallback."""
+    # YOUR CODE HERE (about 6 lines)
     ### BEGIN SOLUTION
     enable_apply(str(root), fx.apply_config())
     fallback = fx.definition_reference_run(make_definition())
@@ -315,6 +318,7 @@ def flash_attention_program(T, dtype: str, D: int, causal: bool, tiles: Tiles):
             alpha = T.alloc_fragment([BM], acc)           # 2^(c m_prev - c m): rescales l and O
             row_sum = T.alloc_fragment([BM], acc)
             l = T.alloc_fragment([BM], acc)               # running row sum of P
+            # YOUR CODE HERE (about 40 lines)
             ### BEGIN SOLUTION
             kv_head = h // (Hq // Hkv)                    # GQA
             row0 = bx * BM
