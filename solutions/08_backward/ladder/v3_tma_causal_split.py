@@ -3,10 +3,10 @@ no mask, only the diagonal's are masked), exp2 with log2(e) folded into the scal
 computed transposed (no register transposes), the dK/dV and dQ programs in one launch, and a tile
 table measured per shape class.
 
-v3 verdict: 333-334 TFLOP/s backward on large (1.59-1.60x SDPA FLASH's backward), 390-457 on the 4k-16k sweep (1.45-1.57x), fp16 and bf16, causal and not; deterministic (H100).
+v3 verdict: 331-333 TFLOP/s backward on large (1.59-1.60x SDPA FLASH's backward), 390-457 on the 4k-16k sweep (1.45-1.57x), fp16 and bf16, causal and not; deterministic (H100).
 Measured: tune.py --no-sweep on an H100 80GB HBM3 (PyTorch 2.11, Triton 3.6), 2026-11-22: the backward alone (torch.autograd.grad after one forward), L2 flushed, median of 25, interleaved with SDPA FLASH_ATTENTION's backward in the same process; TFLOP/s count the backward as 2.5x the forward's FLOPs.
-Forward + backward (step 05's v6 forward): 361 TFLOP/s on large (1.57-1.58x SDPA FLASH), 409-498 on the sweep (1.52-1.58x).
-v2 -> v3: 1.30x on large, 1.31-1.42x on the sweep. (SDPA FLASH's backward measured 209 TFLOP/s on large, 252-310 on the sweep.)
+Forward + backward (step 05's v6 forward): 358-361 TFLOP/s on large (1.57-1.58x SDPA FLASH), 409-498 on the sweep (1.52-1.58x).
+v2 -> v3: both rungs are in the step's results file, timed in one run against SDPA FLASH's backward.
 
 What changed from v2, and why.
 * The preprocess writes, besides D_i = rowsum(dO_i * O_i), m_i = lse_i * log2(e) (+inf on empty

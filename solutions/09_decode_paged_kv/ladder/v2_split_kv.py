@@ -2,7 +2,7 @@
 per (split, sequence, query head) reduces its chunk to a partial state, and a second kernel merges
 the partial states of each row. No GQA packing yet: every query head reads its K and V itself.
 
-v2 verdict: 360 GB/s on 1 x 128k (6.7x v1), 371 GB/s on 64 x 8k p16 (0.12x cuDNN)
+v2 verdict: 360 GB/s on 1 x 128k (6.6x v1), 371 GB/s on 64 x 8k p16 (0.12x cuDNN)
 (H100, fp16, benchmarks/results/2026-11-23_h100_step09.json).
 
 What it adds to v1. The grid grows from B * Hq to num_splits * B * Hq programs, with num_splits
@@ -24,7 +24,7 @@ What it leaves to v3. The G query heads of a GQA group (G = 4 at 32/8) are G pro
 same K and V: 4x the bytes a decode needs, and the scores are vector products on CUDA cores, not
 tl.dot on the tensor cores.
 
-Measured (the verdict above): 6.7x v1 on one sequence of 128k tokens, but no faster than v1 on
+Measured (the verdict above): 6.6x v1 on one sequence of 128k tokens, but no faster than v1 on
 64 x 8k: where v1's grid already fills the GPU, both are bound by their instructions (vector products
 and cross-thread sums per key), not by memory; v3's tl.dot and GQA packing remove that.
 

@@ -10,7 +10,7 @@ tile's first row, max(0, m0 + Skv - Sq - W + 1) / 128), and the blocks that cros
 edge get the element mask like the diagonal ones. At W = 1024 that is 9 key blocks of 128 per tile, 2 of them
 masked. The kernel is step 07's solution built with HFA_WINDOW (v6_hopper_window.cu; the window is
 FaParams::window, 0 for none), with step 07's binding. Measured on an H100 (2026-11-24_h100_step10.json):
-399-404 TFLOP/s on the 1024 window at 8k and 16k (1.25-1.26x compiled FlexAttention), 559 on causal 8k,
+400-401 TFLOP/s on the 1024 window at 8k and 16k (1.25-1.26x compiled FlexAttention), 547-560 on causal 8k,
 605 on long.
 
 Routing, call by call: the CUDA kernel on an sm_90 GPU for fp16/bf16, D 64 or 128, no score modifier
