@@ -228,6 +228,25 @@ def test_a_kernel_that_does_not_start_is_not_a_grade(tmp_path, monkeypatch):
     assert _recorded(ws) == _in_gradebook(ws) == {"alice": CLEAN["alice"]}
 
 
+@pytest.mark.slow
+def test_a_deleted_written_answer_is_a_written_answer(tmp_path):
+    """alice's step 02 without its written answer: the cell comes back from the release, nbgrader
+    gives it an automatic 0, and it stays a written answer (no "no judge plan"); her tests score
+    as in her clean run (8 of the 10 points; the 2 written ones are the instructor's)."""
+    a = "02_safe_softmax"
+    d = tmp_path / "subs" / "alice" / a
+    shutil.copytree(model.SAMPLES / "alice" / a, d)
+    nb = json.loads((d / f"{a}.ipynb").read_text())
+    nb["cells"] = [c for c in nb["cells"] if staging.grade_id(c) != "written_safe_softmax"]
+    (d / f"{a}.ipynb").write_text(json.dumps(nb))
+    (res,) = workers.autograde(tmp_path / "subs", tmp_path / "ws", quiet=True, cell_timeout=120)
+    assert (res.score, res.max_score, res.auto_max_score) == (8, 10, 8), res
+    assert res.failed == [] and not res.messages, (res.failed, res.messages)
+    assert "deleted cells restored: written_safe_softmax" in res.status, res.status
+    written = [t for t in res.tests if t["name"] == "written_safe_softmax"]
+    assert written and not written[0]["auto"], res.tests
+
+
 # ----------------------------------------------------------------------------- fast: a stand-in grader
 def _fake_subs(tmp_path, students=("s1", "s2", "s3", "s4")) -> Path:
     subs = tmp_path / "subs"
