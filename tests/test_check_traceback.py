@@ -83,3 +83,15 @@ def test_a_kernel_sends_the_message_alone_with_ename_and_evalue():
         assert out.evalue.startswith("[") and cause in out.evalue, out.evalue
         assert not [m for m in FRAME_MARKS if m in shown], shown
     assert errors[3].ename == "AssertionError" and "Traceback" in _plain(errors[3].traceback)
+
+
+def test_every_teaching_error_renders_its_message_alone():
+    """The library's other feedback errors (a device function on the emulated warp, a missing SASS
+    instruction, a rank, a FlashInfer-Bench object) show in JupyterLab as the check's do."""
+    from facourse.cuda_build import SassCheckError
+    from facourse.cuda_host_check import HostCheckError
+    from facourse.interchange.spec import InterchangeCheckError
+    from facourse.ring import RingError
+    for cls in (SassCheckError, HostCheckError, InterchangeCheckError, RingError):
+        lines = cls("first line\n  likely cause: second").__class__._render_traceback_(cls("a\nb"))
+        assert lines[0].endswith(f"{cls.__name__}:\x1b[0m") and lines[1:] == ["a", "b"], (cls, lines)

@@ -21,6 +21,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import TeachingError
+
 __all__ = ["CompileReport", "HOPPER_OPCODES", "KernelResources", "SassCheckError", "ToolUnavailable", "check_sass",
            "count_opcodes", "find_cuobjdump", "gencode_flag", "load_cuda_extension", "nvcc_compile_check",
            "nvcc_errors", "sass_opcodes", "sass_summary"]
@@ -232,7 +234,7 @@ class ToolUnavailable(RuntimeError):
     """A CUDA tool (nvcc, cuobjdump) is not installed here. The message says how to get it."""
 
 
-class SassCheckError(AssertionError):
+class SassCheckError(TeachingError):
     """The compiled kernel lacks instructions it must use. The message names them and what is there."""
 
 

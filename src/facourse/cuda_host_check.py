@@ -39,6 +39,7 @@ from .emu_build import (FunctionResult, HostBuild, RunError, build_host_driver, 
 from .emu_hopper import check_producer
 from .emu_hopper_gemm import check_consumer, check_gemm_pv, check_gemm_qk
 from .emu_sm80 import CHECKS, c_coords
+from .errors import TeachingError
 
 __all__ = ["FUNCTIONS", "GPU_ONLY", "HOPPER_FUNCTIONS", "HOPPER_GPU_ONLY", "FunctionResult", "HostBuild",
            "HostCheckError", "HostCheckReport", "build_host_driver", "c_coords", "check_device_functions",
@@ -62,7 +63,7 @@ HOPPER_GPU_ONLY = ("What only an H100/H200 checks: the real instructions (TMA, t
                    "tests run on an H100/H200.")
 
 
-class HostCheckError(AssertionError):
+class HostCheckError(TeachingError):
     """A device function computes something wrong on the CPU check (or is not written yet)."""
 
 

@@ -40,6 +40,7 @@ from multiprocessing.connection import wait as wait_any
 import torch
 
 from .configs import AttnConfig, make_inputs
+from .errors import TeachingError
 from .reference import default_scale, masked_attention, reference_attention, torch_attention
 from .rule import (AttentionCheckError, Mistake, check_lse, compare, describe_rows, diagnose, draw_seed,
                    expect_tensor, guarded_call, is_collecting, make_tag, max_abs, normalise_result, ranges, say)
@@ -103,7 +104,7 @@ def unshard(parts: list[torch.Tensor], causal: bool, dim: int = 2, layout: str |
 
 
 # ----------------------------------------------------------------------------- a world of ranks
-class RingError(AssertionError):
+class RingError(TeachingError):
     """A rank raised, or the ranks did not finish in time; the message names them and the cause."""
 
 

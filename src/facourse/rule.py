@@ -39,6 +39,8 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
+from .errors import TeachingError
+
 from .reference import masked_attention
 
 __all__ = ["ABS_SLACK", "REL_LIMIT", "CheckError", "AttentionCheckError", "collecting", "verifying", "is_collecting", "say",
@@ -50,15 +52,8 @@ ABS_SLACK = 1e-3
 REL_LIMIT = 1e-2
 
 
-class AttentionCheckError(AssertionError):
+class AttentionCheckError(TeachingError):
     """A result that breaks the correctness rule. The message teaches what went wrong."""
-
-    def _render_traceback_(self) -> list[str]:
-        """What IPython (and so JupyterLab) shows in place of the traceback: the class's name, then
-        every line of the teaching message; the check's own frames would only bury the cause.
-        ipykernel still sends ``ename`` and ``evalue`` as for any error, which grading reads."""
-        notes = [str(n) for n in getattr(self, "__notes__", ())]
-        return [f"\x1b[1;31m{type(self).__name__}:\x1b[0m", *str(self).splitlines(), *notes]
 
 
 # One class under two names: the judge and the grading reports name an error by its class's name,

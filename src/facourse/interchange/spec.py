@@ -6,6 +6,7 @@ import copy
 from functools import cache
 
 from ..check import AttentionCheckError
+from ..errors import TeachingError
 
 DEFINITION_NAME = "mini_flash_attention_prefill"
 OP_TYPE = "gqa_ragged"
@@ -35,7 +36,7 @@ SPEC = {"name": DEFINITION_NAME, "op_type": OP_TYPE, "axes": AXES, "inputs": INP
 
 HQ, HKV, HEAD_DIM = (AXES[a]["value"] for a in ("num_heads", "num_kv_heads", "head_dim"))
 
-class InterchangeCheckError(AssertionError):
+class InterchangeCheckError(TeachingError):
     """A definition, its reference or a deployment that breaks the step's contract; the message
     says which field or call, what it is, what the spec wants and why it matters."""
 
