@@ -25,6 +25,8 @@ from autograder.lock import LOCK_NAME, workspace_lock
 
 A = "01_vanilla_attention"
 CLEAN = {"alice": 7.0, "bob": 0.0, "carol": 4.0}      # step 01's samples, a clean run's grades
+#: Marks the processes this module starts: other runs of step 01 may be grading on the same machine.
+TAG = f"FACOURSE_GRADING_OPS_TEST={os.getpid()}".encode()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -41,8 +43,10 @@ def _cmd(ws, subs, *extra):
 
 
 def _start(ws, subs, *extra):
+    key, value = TAG.decode().split("=")
     return subprocess.Popen(_cmd(ws, subs, *extra), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, key: value})
 
 
 def _until(cond, what, limit=240):
@@ -69,15 +73,18 @@ def _in_gradebook(ws) -> dict[str, float]:
 
 
 def _grading_processes() -> list[int]:
-    """Pids of running nbgrader workers of step 01 (grader._BOOT: "... autograde A --student S")."""
+    """Pids of the nbgrader workers this module's runs started (grader._BOOT: "... autograde A
+    --student S", with :data:`TAG` in their environment), and no one else's."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
             args = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            if not (b"autograde" in args and A.encode() in args and b"--student" in args and b"-c" in args):
+                continue
+            if TAG in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except (OSError, ValueError):
             continue
-        if b"autograde" in args and A.encode() in args and b"--student" in args and b"-c" in args:
-            pids.append(int(proc.name))
     return pids
 
 
@@ -145,19 +152,19 @@ def test_sigint_and_sigterm_record_nothing_in_flight_and_the_rerun_equals_a_clea
 
 @pytest.mark.slow
 def test_two_runs_on_one_workspace_and_regrading_one_student(tmp_path):
-    """A second run started 2 s after the first refuses (exit 2, a plain message, nothing touched);
+    """A second run started while the first grades refuses (exit 2, a plain message, nothing touched);
     with --wait it queues behind the first, then reuses its grades; --student re-grades that
     student alone; a worker killed from outside leaves its submission ungraded (no 0), and the
     next run grades it. Every final grade equals a clean run's."""
     ws, subs = tmp_path / "ws", _subs(tmp_path, ("alice", "bob"))
     first = _start(ws, subs, "--jobs", "2")
-    time.sleep(2)
+    _until(lambda: (ws / LOCK_NAME).exists() and (ws / LOCK_NAME).read_text(), "the first run to take the lock")
+    waiting = _start(ws, subs, "--wait")
     second = subprocess.run(_cmd(ws, subs), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert second.returncode == 2, second.stderr[-2000:]
     assert second.stderr.startswith("error: another grading run is using the workspace")
     assert f"pid {first.pid}" in second.stderr and "--wait" in second.stderr
     assert "Traceback" not in second.stderr
-    waiting = _start(ws, subs, "--wait")
     out, err = first.communicate(timeout=400)
     assert first.returncode == 0, err[-2000:]
     out, err = waiting.communicate(timeout=400)
