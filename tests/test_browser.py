@@ -23,13 +23,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, solution_code
+from lab_server import running_lab
 
 ASSIGNMENT = "01_vanilla_attention"
 ARTIFACTS = ROOT / "build" / "test-artifacts" / "browser"
@@ -110,29 +109,8 @@ def lab(tmp_path_factory):
         cmd.append("--allow-root")
     env = dict(os.environ, OMP_NUM_THREADS="1", JUPYTER_CONFIG_DIR=str(root / ".jupyter-config"))
     env.pop("TRITON_INTERPRET", None)
-    log = open(root / "lab.log", "w")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"JupyterLab did not start:\n{(root / 'lab.log').read_text()[-3000:]}")
-            time.sleep(0.5)
+    with running_lab(cmd, root, env, port, token, root / "lab.log") as base:
         yield base, token, root
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 class Student:
