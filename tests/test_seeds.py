@@ -88,3 +88,25 @@ def test_the_secret_is_in_neither_the_release_nor_the_student_archive(tmp_path):
     files = student_files(root)
     assert "course/x.txt" in files and not any(SECRET_NAME in f or f.startswith("grading") for f in files)
     assert not list((workspace / "release").rglob(SECRET_NAME))
+
+
+def test_a_borderline_submission_gets_one_grade_on_every_regrade(tmp_path):
+    """Errors near the tolerance that depend on the inputs: fresh seeds give a different verdict each run
+    (its figures at least), a workspace's key gives the same one every time."""
+    import torch
+
+    from autograder.judge import run_inprocess
+    from facourse.reference import reference_attention
+
+    def borderline(q, k, v, causal=False, scale=None):
+        o = reference_attention(q, k, v, causal=causal, scale=scale, dtype=torch.float64)[0]
+        g = torch.Generator().manual_seed(int(q.double().abs().sum() * 1000) % 2 ** 31)
+        return (o + 2e-3 * torch.randn(o.shape, generator=g, dtype=o.dtype)).to(q.dtype)
+
+    def grade(key):
+        v = run_inprocess(A, borderline, ["test_small"], seed_key=key)["test_small"]
+        return v.points, v.message
+
+    key = seed_key_for(tmp_path, "alice", A)
+    assert len({grade(key) for _ in range(4)}) == 1
+    assert len({grade(None) for _ in range(4)}) > 1
