@@ -2,6 +2,7 @@
 where a default makes sense, and what a rung's bench row is made of."""
 from __future__ import annotations
 
+import importlib
 from typing import Any, NamedTuple
 
 #: dtypes a ladder checks and times in on a GPU (the first alone: --quick, a CPU, a rung not the solution)
@@ -51,12 +52,22 @@ class Kind:
 
 
     # ------------------------------------------------------------------ the ladder: checks
-    def check_cases(self, m: dict, r: dict, solution: bool) -> list[str]:
+    #: the case a rung other than the solution is checked on, unless its manifest names one (``check``)
+    check_default = ""
+    #: the library's check of one case, (module, function), called ``f(fn, case, device=, dtype=, verbose=False)``
+    checker: tuple[str, str] = ("", "")
+
+    def all_cases(self) -> list[str]:
+        """Every case the step's solution is checked on."""
         raise NotImplementedError
+
+    def check_cases(self, m: dict, r: dict, solution: bool) -> list[str]:
+        return self.all_cases() if solution else [r.get("check", self.check_default)]
 
     def check(self, fn, case: str, device, dtype) -> dict | None:
         """Raise when ``fn`` fails ``case``; what the row records besides "ok" (or None)."""
-        raise NotImplementedError
+        module, name = self.checker
+        return getattr(importlib.import_module(module), name)(fn, case, device=device, dtype=dtype, verbose=False)
 
     # ------------------------------------------------------------------ the ladder: timings
     def bench_cases(self, m: dict, r: dict, solution: bool, quick: bool, dtypes: tuple) -> list[Bench]:

@@ -16,13 +16,11 @@ class Decode(Kind):
     bench_keys = ("ref_backend", "gbps", "gbps_ref", "ratio", "copy_fraction", "ms", "ms_ref")
     note = "; a decode's rate is the bytes of K and V it must read over its time"
 
-    def check_cases(self, m, r, solution):
-        from ..decode import DECODE_CASES
-        return list(DECODE_CASES) if solution else [r.get("check", "mixed")]
+    check_default, checker = "mixed", ("facourse.decode", "check_paged_decode")
 
-    def check(self, fn, case, device, dtype):
-        from ..decode import check_paged_decode
-        check_paged_decode(fn, case, device=device, dtype=dtype, verbose=False)
+    def all_cases(self):
+        from ..decode import DECODE_CASES
+        return list(DECODE_CASES)
 
     def bench_cases(self, m, r, solution, quick, dtypes):
         from ..decode import DECODE_BACKENDS, PERF_DECODE_CASES

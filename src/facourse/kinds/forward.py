@@ -39,8 +39,10 @@ class Forward(Kind):
     flashinfer = True
     warmups = 2
 
-    def check_cases(self, m, r, solution):
-        return [*CONFIGS, *EDGE_CASES] if solution else [r.get("check", "large")]
+    check_default = "large"
+
+    def all_cases(self):
+        return [*CONFIGS, *EDGE_CASES]
 
     def check(self, fn, case, device, dtype):
         from ..check import check_entry_point
