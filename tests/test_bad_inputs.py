@@ -141,3 +141,35 @@ def test_cuda_without_cuda_names_the_fix():
             call()
         msg = one_line(err)
         assert "device='cuda'" in msg and "device='cpu'" in msg and "not compiled" not in msg
+
+
+def test_paged_bad_inputs_judges_validation_only():
+    """Step 09's test_bad_inputs: a validating decode whose values are wrong keeps the point (its values
+    are the other tests' cause: one test, one cause); one that refuses every batch, or never validates,
+    loses it."""
+    import torch
+
+    from facourse.check import AttentionCheckError
+    from facourse.decode import check_paged_bad_inputs, paged_reference, validate_paged_inputs
+
+    def validating(q, k_cache, v_cache, block_table, seq_lens, scale=None):
+        validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale)
+        o, lse = paged_reference(q, k_cache, v_cache, block_table, seq_lens, scale, dtype=q.dtype)
+        return o.to(q.dtype), lse.float()
+
+    def wrong_values(*args, **kw):
+        o, lse = validating(*args, **kw)
+        return o * 2, lse
+
+    def refuses_everything(q, *args, **kw):
+        from facourse.decode import AttentionInputError
+        raise AttentionInputError("no")
+
+    def never_validates(q, k_cache, v_cache, block_table, seq_lens, scale=None):
+        return torch.zeros_like(q), torch.zeros(q.shape[:-1], dtype=torch.float32)
+
+    check_paged_bad_inputs(validating, seed=1, device="cpu", verbose=False)
+    check_paged_bad_inputs(wrong_values, seed=1, device="cpu", verbose=False)
+    for fn in (refuses_everything, never_validates):
+        with pytest.raises(AttentionCheckError):
+            check_paged_bad_inputs(fn, seed=1, device="cpu", verbose=False)
