@@ -222,7 +222,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale=None):
 
 # %% nbgrader={"grade": true, "grade_id": "test_mixed", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_paged_decode(paged_decode, "mixed")   # lengths 0, 1, one page, one past a page, long ones
-check_paged_decode(paged_decode, "spec")    # Sq = 4 new tokens per sequence, bottom-right causal
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_mixed", paged_decode)
@@ -264,7 +263,8 @@ judge("test_mqa", paged_decode)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_spec", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# hidden test: Sq = 4 (speculative decoding), bottom-right causal, lengths 0 to 4096
+check_paged_decode(paged_decode, "spec")    # Sq = 4 new tokens per sequence, bottom-right causal
+# hidden test: lengths 0 to 4096
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_spec", paged_decode)
