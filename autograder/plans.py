@@ -84,10 +84,19 @@ def _attention_step(expect_lse: bool, guard: dict, needs: str | None = None) -> 
     }
 
 
-def _perf(step: str, capability=None, needs="gpu") -> dict[str, Test]:
-    return {f"perf_{c}": Test((Check("perf_correctness", {"config": c}),), guard=None, needs=needs,
-                              perf={"step": step, "config": c, "capability": capability})
-            for c in ("large", "long")}
+def _each(check: str, key: str, cases, *, guard: dict | None, needs: str | None = None, train: bool = False,
+          **kw) -> Test:
+    """One test running ``check`` on each case (passed as ``key``) with the same other arguments."""
+    return Test(tuple(Check(check, {key: c, **kw}) for c in cases), guard=guard, needs=needs, train=train)
+
+
+def _perf(step: str, capability=None, needs="gpu", *, check: str = "perf_correctness", key: str = "config",
+          cases=("large", "long"), mode: str | None = None, train: bool = False) -> dict[str, Test]:
+    """The perf tests of a step: one per graded configuration, timed by the kind ``mode`` (default forward)."""
+    extra = {} if mode is None else {"mode": mode}
+    return {f"perf_{c}": Test((Check(check, {key: c}),), guard=None, needs=needs, train=train,
+                              perf={"step": step, "config": c, "capability": capability, **extra})
+            for c in cases}
 
 
 def _step01() -> dict[str, Test]:
@@ -193,8 +202,7 @@ def _step08() -> dict[str, Test]:
     guard = {"allow_softmax": False, "forbid_matmul": True}
 
     def t(*configs, needs=None, **kw):
-        return Test(tuple(Check("gradients", {"config": c, **kw}) for c in configs), guard=guard, needs=needs,
-                    train=True)
+        return _each("gradients", "config", configs, guard=guard, needs=needs, train=True, **kw)
 
     tests = {
         "test_small": Test((Check("gradients", {"config": "small"}),
@@ -212,9 +220,7 @@ def _step08() -> dict[str, Test]:
         "test_gradcheck": Test((Check("gradcheck"),), guard=guard, train=True),
         "test_bf16": t("medium", "ragged", "empty_rows", needs="gpu", dtype="bfloat16"),
     }
-    tests.update({f"perf_{c}": Test((Check("perf_gradients", {"config": c}),), guard=None, needs="gpu", train=True,
-                                    perf={"step": "08_backward", "config": c, "capability": None, "mode": "backward"})
-                  for c in ("large", "long")})
+    tests.update(_perf("08_backward", check="perf_gradients", mode="backward", train=True))
     return tests
 
 
@@ -222,7 +228,7 @@ def _step09() -> dict[str, Test]:
     guard = {"allow_softmax": False, "forbid_matmul": True}
 
     def t(*cases, needs=None, **kw):
-        return Test(tuple(Check("paged", {"case": c, **kw}) for c in cases), guard=guard, needs=needs)
+        return _each("paged", "case", cases, guard=guard, needs=needs, **kw)
 
     tests = {
         "test_mixed": t("mixed"),           # the speculative case is test_spec's alone: one mistake, one test
@@ -236,9 +242,9 @@ def _step09() -> dict[str, Test]:
         "test_bf16": t("mixed", "spec", "page48", needs="gpu", dtype="bfloat16"),
         "test_bad_inputs": Test((Check("paged_bad_inputs"),), guard=guard),
     }
-    tests.update({f"perf_{c}": Test((Check("paged", {"case": c, "dtype": "float16"}),), guard=None, needs="gpu",
-                                    perf={"step": "09_decode_paged_kv", "config": c, "capability": None,
-                                          "mode": "decode"})
+    tests.update({f"perf_{c}": replace(t(c, needs="gpu", dtype="float16"), guard=None,
+                                       perf={"step": "09_decode_paged_kv", "config": c, "capability": None,
+                                             "mode": "decode"})
                   for c in ("b64_8k_p16", "b16_32k_p64")})
     return tests
 
@@ -247,7 +253,7 @@ def _step10() -> dict[str, Test]:
     guard = {"allow_softmax": False, "forbid_matmul": True}
 
     def t(*cases, needs=None, **kw):
-        return Test(tuple(Check("variant", {"case": c, **kw}) for c in cases), guard=guard, needs=needs)
+        return _each("variant", "case", cases, guard=guard, needs=needs, **kw)
 
     tests = {
         "test_causal": Test((Check("variant", {"case": "causal"}), Check("variant", {"case": "causal", "scale": 0.05}),
@@ -258,16 +264,13 @@ def _step10() -> dict[str, Test]:
         "test_softcap": t("softcap", "window_softcap", "softcap_alibi_window"),
         "test_documents": t("documents_alibi", "documents_short", "d64_documents"),
         "test_prefix": t("prefix", "mqa_window"),
-        "test_block_mask": Test(tuple(Check("block_mask", {"case": c}) for c in ("window_ragged", "documents_alibi",
-                                                                                 "prefix", "softcap")), guard=guard),
-        "test_tile_lists": Test(tuple(Check("tile_lists", {"case": c}) for c in ("window", "documents_alibi")),
-                                guard=guard),
+        "test_block_mask": _each("block_mask", "case", ("window_ragged", "documents_alibi", "prefix", "softcap"),
+                                 guard=guard),
+        "test_tile_lists": _each("tile_lists", "case", ("window", "documents_alibi"), guard=guard),
         "test_bf16": t("window", "documents_alibi", "softcap_alibi_window", needs="gpu", dtype="bfloat16"),
     }
-    tests.update({f"perf_{c}": Test((Check("perf_variant", {"case": c}),), guard=None, needs="gpu",
-                                    perf={"step": "10_attention_variants", "config": c, "capability": None,
-                                          "mode": "variant"})
-                  for c in ("window1024_8k", "window1024_16k")})
+    tests.update(_perf("10_attention_variants", check="perf_variant", key="case", mode="variant",
+                       cases=("window1024_8k", "window1024_16k")))
     return tests
 
 
