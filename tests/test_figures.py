@@ -432,72 +432,19 @@ def checked_files() -> list[tuple[str, tuple[str, ...] | None]]:
 LECTURE_STEPS = {"07": ("07", "05", "06"), "10": ("10", "07"), "11": ("11", "07")}
 
 # Data-sheet figures, wherever they appear: (unit, number) -> the source.
-DATASHEET: dict[tuple[str, str], str] = {
-    ("TB/s", "3.35"): "H100 SXM5 HBM3 bandwidth, NVIDIA's H100 datasheet",
-    ("TB/s", "4.8"): "H200 HBM3e bandwidth, NVIDIA's H200 datasheet",
-    ("TFLOP/s", "989"): "H100 SXM5 dense FP16/BF16 tensor-core peak, NVIDIA's H100 datasheet",
-    ("GB/s", "900"): "NVLink 4 total bandwidth, NVIDIA's H100/H200 datasheets",
-    ("GB/s", "450"): "NVLink 4 per direction: half the datasheets' 900",
-    ("GB/s", "64"): "PCIe Gen5 x16 per direction: 32 GT/s on 16 lanes",
-    ("GB/s", "128"): "PCIe Gen5 x16, both directions (the datasheets' figure)",
-}
-
-_C = "course/"
-# Figures that are not our measurements: (file, figure as printed) -> why it may stand.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("solutions/08_backward/step.toml", "2.5x"): "the backward's FLOP count against the forward's (DESIGN.md)",
-    ("solutions/10_attention_variants/step.toml", "1.2x"): "the design's bar for the sliding window",
-    ("solutions/10_attention_variants/step.toml", "8%"): "the FP8 error bound (facourse.variants.check_fp8)",
-    (_C + "00_gpu_fundamentals.pct.py", "19 TB/s"): "the whitepaper's 128 B/clock/SM times A100's SMs and clock",
-    (_C + "00_gpu_fundamentals.pct.py", "31 TB/s"): "the whitepaper's 128 B/clock/SM times H100's SMs and clock",
-    (_C + "00_gpu_fundamentals.pct.py", "2–5 TB/s"): "HBM bandwidths of the A100-H200 datasheets",
-    (_C + "00_gpu_fundamentals.pct.py", "7 TB/s"): "A100 whitepaper's 5120 B/clock of L2 times its clock",
-    (_C + "01_vanilla_attention.pct.py", "1 %"): "the correctness rule's relative threshold (DESIGN.md)",
-    (_C + "06_cuda_flash_attention.pct.py", "17 %"): "read off the v5 variants table the cell above prints "
-                                                     "from the committed results (06_v5_variants)",
-    (_C + "06_cuda_flash_attention.pct.py", "2 %"): "the same table",
-    (_C + "06_cuda_flash_attention.pct.py", "0-14 %"): "the same table",
-    (_C + "06_cuda_flash_attention.pct.py", "6 %"): "the same table",
-    (_C + "07_hopper_flash_attention.pct.py", "35%"): "FA3 paper, abstract and §1 (the table cites it)",
-    (_C + "07_hopper_flash_attention.pct.py", "740 TFLOP/s"): "FA3 paper, abstract and §4.1",
-    (_C + "07_hopper_flash_attention.pct.py", "75%"): "FA3 paper, abstract and §4.1",
-    (_C + "07_hopper_flash_attention.pct.py", "661 TFLOP/s"): "FA3 paper's ablation, §4.2, Table 2",
-    (_C + "07_hopper_flash_attention.pct.py", "582 (TFLOP/s)"): "FA3 paper's ablation, §4.2, Table 2",
-    (_C + "07_hopper_flash_attention.pct.py", "570 (TFLOP/s)"): "FA3 paper's ablation, §4.2, Table 2",
-    (_C + "07_hopper_flash_attention.pct.py", "16x"): "tile costs counted from the causal mask's shape",
-    (_C + "07_hopper_flash_attention.pct.py", "128x"): "tile costs counted from the causal mask's shape",
-    (_C + "07_hopper_flash_attention.pct.py", "0.1%"): "FA3's outlier inputs (§4.3), an input, not a result",
-    (_C + "07_hopper_flash_attention.pct.py", "10x"): "FA3's outlier inputs (§4.3)",
-    (_C + "07_hopper_flash_attention.pct.py", "2.6x"): "FA3 paper §4.3: 2.4e-2 / 9.1e-3",
-    (_C + "08_backward.pct.py", "2.5×"): "FLOPs counted: five matmuls against the forward's two",
-    (_C + "08_backward.pct.py", "3.5×"): "FLOPs counted, with a separate dQ pass",
-    (_C + "09_decode_paged_kv.pct.py", "80%"): "the split heuristic's threshold, in the code beside it",
-    (_C + "09_decode_paged_kv.pct.py", "85%"): "the split heuristic's margin, in the code beside it",
-    (_C + "09_decode_paged_kv.pct.py", "91%"): "wave efficiency computed by the cell above",
-    (_C + "09_decode_paged_kv.pct.py", "97%"): "wave efficiency computed by the cell above",
-    (_C + "09_decode_paged_kv.pct.py", "20-40%"): "the vLLM paper (Kwon et al., 2023), §1",
-    (_C + "09_decode_paged_kv.pct.py", "2-4×"): "the vLLM paper's throughput gain, cited",
-    (_C + "10_attention_variants.pct.py", "6.25%"): "2^-(m+1) for e4m3's 3 mantissa bits",
-    (_C + "10_attention_variants.pct.py", "12.5%"): "2^-(m+1) for e5m2's 2 mantissa bits",
-    (_C + "10_attention_variants.pct.py", "0.05%"): "2^-(m+1) for fp16's 10 mantissa bits",
-    (_C + "10_attention_variants.pct.py", "6%"): "e4m3's rounding, as above",
-    (_C + "10_attention_variants.pct.py", "0.1%"): "FA3's outlier inputs (§4.3)",
-    (_C + "10_attention_variants.pct.py", "2.6 times"): "FA3 paper §4.3: 2.4e-2 / 9.1e-3",
-    (_C + "11_interchangeable_kernels.pct.py", "1 %"): "the gap between two speedups of one workload in "
-                                                      "step 11's traces (a bound, not a measurement)",
-    (_C + "12_ring_attention.pct.py", "2.5 times"): "the backward's FLOP count (lecture 08)",
-    (_C + "12_ring_attention.pct.py", "57%"): "the causal ring's efficiency at P = 4, counted in the lecture",
-    (_C + "12_ring_attention.pct.py", "100%"): "zigzag's balance, counted in the lecture",
-    (_C + "12_ring_attention.pct.py", "67%"): "an efficiency bound counted in the lecture",
-    ("benchmarks/README.md", "3 %"): "apply()'s tolerance for a right choice (benchmarks/traces.py TOLERANCE)",
-    ("benchmarks/README.md", "1 µs"): "the timer's resolution (benchmarks/traces.py RESOLUTION_MS)",
-}
+_ALLOWED_FILE = tomllib.loads((ROOT / "tests" / "figures_allowed.toml").read_text(encoding="utf-8"))
+# Figures that are not our measurements, each with why it may stand: data sheets by (unit, number),
+# the rest by (file, figure as printed).
+DATASHEET: dict[tuple[str, str], str] = {tuple(k.split(" ", 1)): why for k, why in _ALLOWED_FILE["datasheet"].items()}
+ALLOWED: dict[tuple[str, str], str] = {(f, fig): why for f, figs in _ALLOWED_FILE["allowed"].items()
+                                       for fig, why in figs.items()}
 
 
 # An error's order of magnitude: 10^{-7} (optionally a \\cdot 10^{-k}) or 1.7e-5, never a positive exponent.
 MAGNITUDE = re.compile(r"(?<![\w.])(?:\d+(?:\.\d+)?\s*(?:\\cdot|·|\\times)\s*)?10\^\{?-\d+\}?"
                        r"|(?<![\w.])\d+(?:\.\d+)?e-\d+\b")
 _RULE = "the correctness rule's absolute term (DESIGN.md)"
+_C = "course/"
 # Magnitudes in the lectures: (file, as written) -> (why it may stand, the label of the lecture's print
 # that shows it when it is a measurement, else None).
 MAGNITUDES: dict[tuple[str, str], tuple[str, str | None]] = {
