@@ -38,6 +38,7 @@ one case costs the points of one test (tests/test_one_cause.py).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, replace
 
@@ -90,13 +91,22 @@ def _each(check: str, key: str, cases, *, guard: dict | None, needs: str | None 
     return Test(tuple(Check(check, {key: c, **kw}) for c in cases), guard=guard, needs=needs, train=train)
 
 
+def _on_cases(check: str, guard: dict, *cases, needs: str | None = None, **kw) -> Test:
+    """``_each`` on named cases (steps 09 and 10)."""
+    return _each(check, "case", cases, guard=guard, needs=needs, **kw)
+
+
 def _perf(step: str, capability=None, needs="gpu", *, check: str = "perf_correctness", key: str = "config",
-          cases=("large", "long"), mode: str | None = None, train: bool = False) -> dict[str, Test]:
+          cases=("large", "long"), mode: str | None = None, train: bool = False, **kw) -> dict[str, Test]:
     """The perf tests of a step: one per graded configuration, timed by the kind ``mode`` (default forward)."""
     extra = {} if mode is None else {"mode": mode}
-    return {f"perf_{c}": Test((Check(check, {key: c}),), guard=None, needs=needs, train=train,
+    return {f"perf_{c}": Test((Check(check, {key: c, **kw}),), guard=None, needs=needs, train=train,
                               perf={"step": step, "config": c, "capability": capability, **extra})
             for c in cases}
+
+
+#: the kernels of steps 08-10 compute their products with tl.dot, and no softmax over a whole row
+_TRITON_KERNEL = {"allow_softmax": False, "forbid_matmul": True}
 
 
 def _step01() -> dict[str, Test]:
@@ -199,7 +209,7 @@ def _step07() -> dict[str, Test]:
 
 
 def _step08() -> dict[str, Test]:
-    guard = {"allow_softmax": False, "forbid_matmul": True}
+    guard = _TRITON_KERNEL
 
     def t(*configs, needs=None, **kw):
         return _each("gradients", "config", configs, guard=guard, needs=needs, train=True, **kw)
@@ -225,11 +235,8 @@ def _step08() -> dict[str, Test]:
 
 
 def _step09() -> dict[str, Test]:
-    guard = {"allow_softmax": False, "forbid_matmul": True}
-
-    def t(*cases, needs=None, **kw):
-        return _each("paged", "case", cases, guard=guard, needs=needs, **kw)
-
+    guard = _TRITON_KERNEL
+    t = functools.partial(_on_cases, "paged", guard)
     tests = {
         "test_mixed": t("mixed"),           # the speculative case is test_spec's alone: one mistake, one test
         "test_page64": t("page64"),
@@ -242,19 +249,14 @@ def _step09() -> dict[str, Test]:
         "test_bf16": t("mixed", "spec", "page48", needs="gpu", dtype="bfloat16"),
         "test_bad_inputs": Test((Check("paged_bad_inputs"),), guard=guard),
     }
-    tests.update({f"perf_{c}": replace(t(c, needs="gpu", dtype="float16"), guard=None,
-                                       perf={"step": "09_decode_paged_kv", "config": c, "capability": None,
-                                             "mode": "decode"})
-                  for c in ("b64_8k_p16", "b16_32k_p64")})
+    tests.update(_perf("09_decode_paged_kv", check="paged", key="case", mode="decode",
+                       cases=("b64_8k_p16", "b16_32k_p64"), dtype="float16"))
     return tests
 
 
 def _step10() -> dict[str, Test]:
-    guard = {"allow_softmax": False, "forbid_matmul": True}
-
-    def t(*cases, needs=None, **kw):
-        return _each("variant", "case", cases, guard=guard, needs=needs, **kw)
-
+    guard = _TRITON_KERNEL
+    t = functools.partial(_on_cases, "variant", guard)
     tests = {
         "test_causal": Test((Check("variant", {"case": "causal"}), Check("variant", {"case": "causal", "scale": 0.05}),
                              Check("variant", {"case": "causal_asymmetric"})), guard=guard),
