@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,24 +288,9 @@ def _per_map(tmas: list[tuple]) -> list[list[tuple]]:
     return [[x for x in tmas if x[0] == m] for m in range(3)]
 
 
-_PRODUCER_MISTAKES = (   # (keywords of schedule, the cause)
-    (dict(gqa="same"), "GQA: K and V are loaded from KV head h (the query head) instead of h / (Hq / Hkv)"),
-    (dict(gqa="mod"), "GQA: K and V are loaded from KV head h % Hkv instead of h / (Hq / Hkv) (a group of Hq / Hkv "
-                      "consecutive query heads shares one KV head)"),
-    (dict(left_to_right=True), "key blocks go left to right: the consumers take them right to left, j = nb-1 down "
-                               "to 0 (the masked blocks first)"),
-    (dict(skip_empty=False), "Q is loaded for tiles with no key block (nb = 0): the consumers skip those tiles and "
-                             "never release their Q; skip them (continue) as the consumers do"),
-    (dict(all_blocks=True), "every key block of Skv is loaded, also those past the causal diagonal: load "
-                            "nb = num_kv_blocks(p, tile.m_block) blocks"),
-    (dict(block_coords=True), "the row coordinate is a block number: TMA coordinates are elements, so row "
-                              "m_block * BLOCK_M for Q and j * BLOCK_N for K_j, V_j"),
-    (dict(reset_it=True), "the ring position `it` restarts at 0 for every tile: it counts every key block the CTA "
-                          "has loaded (the consumers continue it from tile to tile)"),
-    (dict(first_panel_only=True), "only the first 64 columns are loaded: one tma_load_4d per 64-column panel "
-                                  "(L::kPanels = D / 64), panel c at column c * 64"),
-    (dict(panel_coords=True), "the column coordinate of panel c is c: it is an element index, c * PANEL"),
-)
+# (keywords of schedule, the cause), as data beside the emulator's C++
+_PRODUCER_MISTAKES = tuple((m["schedule"], m["cause"]) for m in tomllib.loads(
+    (Path(__file__).parent / "emu" / "producer_mistakes.toml").read_text(encoding="utf-8"))["mistake"])
 
 
 def _describe_tma(w: dict, key: tuple | None) -> str:
