@@ -43,6 +43,14 @@ HOST_DESC: tl.constexpr = tl.constexpr(2)
 
 # ----------------------------------------------------------------------------- device helpers
 @triton.jit
+def program_heads(Hq, GROUP: tl.constexpr):
+    """(bh, b, h, h_kv) of this program: grid axis 1 enumerates (batch, head); GQA: head h reads KV head
+    h // group."""
+    bh = tl.program_id(1)
+    return bh, bh // Hq, bh % Hq, (bh % Hq) // GROUP
+
+
+@triton.jit
 def online_softmax_update(m_i, l_i, s, qk_scale, EXP2: tl.constexpr):
     """One step of the online softmax. s = Q_i K_j^T (unscaled, -inf where masked).
 
@@ -154,10 +162,7 @@ def attn_fwd(Q, K, V, O, LSE,
     if CAUSAL_SPLIT:
         if CAUSAL:
             pid_m = num_m - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    h_kv = h // GROUP                                         # GQA: head h reads KV head h // group
+    bh, b, h, h_kv = program_heads(Hq, GROUP)
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)

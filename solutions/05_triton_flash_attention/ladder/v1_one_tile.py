@@ -24,6 +24,9 @@ INTERPRET = interpret_without_gpu()  # before any kernel is defined
 import triton
 import triton.language as tl
 
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from step05_kernel import program_heads  # noqa: E402  (the grid's (batch, head) mapping, shared by every rung)
+
 
 
 
@@ -43,10 +46,7 @@ def attn_fwd(Q, K, V, O, LSE,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # program ids: axis 0 = query tile, axis 1 = (batch, head)
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // Hq
-    h = bh % Hq
-    h_kv = h // GROUP                                         # GQA: head h reads KV head h // group
+    bh, b, h, h_kv = program_heads(Hq, GROUP)
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
