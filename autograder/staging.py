@@ -97,6 +97,8 @@ def discover(submissions: Path, selected: list[str] | None, students: list[str] 
     skipped = [] if skipped is None else skipped
     pairs = []
     folders = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    skipped += [f"{p.name}: a file, not a student's folder" for p in sorted(submissions.iterdir())
+                if p.is_file() and not p.name.startswith(".")]
     missing = sorted(set(students or ()) - {p.name for p in folders})
     if missing:
         raise GradingError(f"no submission folder for student {', '.join(missing)} under {submissions}")

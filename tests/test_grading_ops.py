@@ -374,13 +374,15 @@ def test_unknown_assignments_and_loose_files_are_listed_as_skipped(tmp_path, mon
     (subs / "s1" / "01_vanila_attention").mkdir()
     (subs / "s1" / "notes.txt").write_text("hi")
     (subs / "s1" / "02_safe_softmax.ipynb").write_text("{}")
+    (subs / "roster.csv").write_text("s1\n")
     skipped = []
     res = workers.autograde(subs, tmp_path / "ws", skipped=skipped)
     assert [r.assignment for r in res] == [A]
     assert any("s1/01_vanila_attention: not an assignment" in s and f"did you mean {A}/" in s for s in skipped)
     assert any("s1/02_safe_softmax.ipynb: a file, not an assignment folder" in s for s in skipped)
     assert any("s1/notes.txt" in s for s in skipped)
-    assert "skipped 3 folder(s) or file(s)" in capsys.readouterr().err
+    assert "roster.csv: a file, not a student's folder" in skipped
+    assert "skipped 4 folder(s) or file(s)" in capsys.readouterr().err
     with pytest.raises(model.GradingError, match="no assignment 99_x"):
         workers.autograde(subs, tmp_path / "ws", ["99_x"], quiet=True)
 
