@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import grader
 from .model import SOLUTIONS, GradingError, Result, atomic_write, hash_tree, result_path
+from .seeds import seed_key_for
 
 INSTALL = 'pip install "ray[default]"'
 #: What one grading task asks of its node. GPU tasks: max_calls=1, a fresh worker process each, so
@@ -93,7 +94,7 @@ def unpack(files: dict[str, bytes], folder: Path) -> None:
 # ----------------------------------------------------------------------------- on a node
 def grade_task(student: str, a: str, key: str, source_key: str, files: dict[str, bytes],
                release: dict[str, bytes], template: bytes, timeout: float, cell_timeout: float | None,
-               trusted: bool, gpu: bool) -> tuple[dict, dict, str]:
+               trusted: bool, seed_key: bytes, gpu: bool) -> tuple[dict, dict, str]:
     """Grade one submission on this node: (the Result as JSON, the files to keep, the node's name)."""
     node = socket.gethostname()
     if hash_tree(SOLUTIONS / a, *grader.GRADING_SOURCES) != source_key:
@@ -116,7 +117,7 @@ def grade_task(student: str, a: str, key: str, source_key: str, files: dict[str,
         priv = base / "work"
         res = grader.grade_submission(base / "submission", priv, base / "release", base / "template.db",
                                        student, a, timeout=timeout, cell_timeout=cell_timeout, gpu=gpu_id,
-                                       key=key, gpu_index=gpu_index, trusted=trusted)
+                                       key=key, gpu_index=gpu_index, trusted=trusted, seed_key=seed_key)
         keep = {sub: pack(priv / sub / student / a) for sub in ("autograded", "submitted")}
         return res.to_json(), keep, node
     finally:
@@ -158,7 +159,8 @@ def grade(todo: list[tuple[str, str, str]], submissions: Path, workspace: Path, 
     for student, a, key in todo:
         task = gpu_task if has_gpu and a in gpu_todo else cpu_task
         ref = task.remote(student, a, key, source_key[a], pack(submissions / student / a), release[a],
-                          template, *limits[a], student in trusted)
+                          template, *limits[a], student in trusted,
+                          seed_key_for(workspace, student, a))   # the secret stays on this machine
         tasks[ref] = (student, a)
     pending = list(tasks)
     try:

@@ -97,7 +97,7 @@ runpy.run_module("nbgrader", run_name="__main__", alter_sys=True)
 """
 
 
-def _run_isolated(cmd, cwd, env, timeout) -> tuple[int | None, str]:
+def run_isolated(cmd, cwd, env, timeout) -> tuple[int | None, str]:
     """Run ``cmd`` in its own session; on timeout kill its whole process group (kernel included)."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", start_new_session=True)
@@ -149,7 +149,7 @@ def _cell_errors(folder: Path) -> dict[str, str]:
     return out
 
 
-def _apply_verdicts(res: Result, verdicts: dict, judge, trusted: bool) -> None:
+def apply_verdicts(res: Result, verdicts: dict, judge, trusted: bool) -> None:
     """The judge's points replace nbgrader's for every autograded cell; flags may zero them."""
     for v in judge.violations:
         res.flags.append({"severity": "tamper", "where": "judge", "rule": v, "line": ""})
@@ -189,13 +189,14 @@ def _written_answers_by_cell_type(res: Result, template_db: Path) -> None:
 
 def grade_submission(src: Path, priv: Path, release_dir: Path, template_db: Path, student: str,
                      a: str, *, timeout: float, cell_timeout: float | None, gpu: str | None, key: str,
-                     gpu_index: int | None = None, trusted: bool = False) -> Result:
+                     gpu_index: int | None = None, trusted: bool = False, seed_key: bytes | None = None) -> Result:
     """Grade the submission folder ``src`` in the private workspace ``priv``, against the release
     ``release_dir`` and the template gradebook ``template_db``: a local worker and a cluster task
     both grade with this. The judge runs here, beside the nbgrader process; the graded notebooks
     and the staged copy are left in ``priv/autograded/<student>/<a>`` and
     ``priv/submitted/<student>/<a>``. Raises :class:`Interrupted` when the run is being stopped;
-    a failure of the grading machinery comes back with an :data:`UNGRADED` status."""
+    a failure of the grading machinery comes back with an :data:`UNGRADED` status. ``seed_key``
+    (:func:`seeds.seed_key_for`) makes the judge's inputs the same on every regrade."""
     if STOP.is_set():
         raise Interrupted("stopped")
     res = Result(student, a, key=key, gpu=gpu or "")
@@ -220,7 +221,7 @@ def grade_submission(src: Path, priv: Path, release_dir: Path, template_db: Path
         from .judge import Judge            # torch: imported by the grading commands only
 
         judge = Judge(a, max_points, device="cpu" if gpu_index is None else f"cuda:{gpu_index}",
-                      student_files=files, release_dir=release_dir / a)
+                      student_files=files, release_dir=release_dir / a, seed_key=seed_key)
         extra = {"FACOURSE_RELEASE": release_dir, JUDGE_ENV: judge.address}
         if cell_timeout:
             extra["FACOURSE_CELL_TIMEOUT"] = int(cell_timeout)
@@ -229,7 +230,7 @@ def grade_submission(src: Path, priv: Path, release_dir: Path, template_db: Path
         cmd = [sys.executable, "-c", _BOOT, str(os.getpid()), "autograde", a, "--student", student,
                "--force"]
         try:
-            rc, out = _run_isolated(cmd, HERE, staging.nbgrader_env(priv, **extra), timeout)
+            rc, out = run_isolated(cmd, HERE, staging.nbgrader_env(priv, **extra), timeout)
         finally:
             verdicts = judge.finish(_cell_errors(priv / "autograded" / student / a))
         if STOP.is_set():       # killed by the interrupt, or finished as it came: either way not kept
@@ -249,7 +250,7 @@ def grade_submission(src: Path, priv: Path, release_dir: Path, template_db: Path
             notes = ([f"deleted cells restored: {', '.join(restored)}"] if restored else []) + repairs
             if notes:
                 res.status = f"graded ({'; '.join(notes)})"
-            _apply_verdicts(res, verdicts, judge, trusted)
+            apply_verdicts(res, verdicts, judge, trusted)
     if repairs and not res.status.startswith("graded"):
         res.status += f" ({'; '.join(repairs)})"
     res.seconds = round(time.perf_counter() - t0, 2)

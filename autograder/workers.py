@@ -26,10 +26,10 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from . import gradebook, staging
-from .grader import (GRADING_SOURCES, STOP, UNGRADED, Interrupted, _apply_verdicts,  # noqa: F401
-                     _run_isolated, grade_submission, reusable, stop_all)
+from .grader import GRADING_SOURCES, STOP, UNGRADED, Interrupted, grade_submission, reusable, stop_all
 from .lock import workspace_lock
 from .model import SOLUTIONS, Result, atomic_write, hash_tree, result_path
+from .seeds import seed_key_for
 
 #: Seconds a whole notebook may run, per step, unless --timeout says otherwise: about ten times the
 #: slowest submission measured on a CPU machine or an H100 (autograder/README.md, "Grading times
@@ -68,7 +68,7 @@ def grade_one(submissions: Path, workspace: Path, student: str, a: str, *, timeo
     res = grade_submission(submissions / student / a, priv, workspace / "release",
                            workspace / "work" / "template.db", student, a, timeout=timeout,
                            cell_timeout=cell_timeout, gpu=gpu, key=key, gpu_index=gpu_index,
-                           trusted=trusted)
+                           trusted=trusted, seed_key=seed_key_for(workspace, student, a))
     if res.status.startswith(UNGRADED):
         return res
     # Publish: the graded notebooks and the staged copy go to the shared workspace, then the record.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, release_notebook
-from autograder import cli, gradebook, model, perf, staging, workers
+from autograder import cli, grader, gradebook, model, perf, staging, workers
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS",
            "BEGIN MARK SCHEME", "END MARK SCHEME")
@@ -111,7 +111,7 @@ def test_interrupted_parallel_run_resumes_and_loses_no_grade(tmp_path):
 def test_notebook_time_limit_kills_the_whole_process_group():
     """A worker past its limit goes, with every process it started (the kernel included)."""
     t0 = time.time()
-    rc, out = workers._run_isolated(["bash", "-c", "sleep 300 & echo $!; wait"], ROOT, dict(os.environ), 2)
+    rc, out = grader.run_isolated(["bash", "-c", "sleep 300 & echo $!; wait"], ROOT, dict(os.environ), 2)
     assert rc is None and time.time() - t0 < 30
     child = int(out.split()[0])
     time.sleep(0.5)

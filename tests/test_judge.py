@@ -310,7 +310,7 @@ def test_concurrent_verdicts_leave_stdout_alone():
 def test_tamper_flags_zero_the_judged_tests_unless_an_instructor_trusts_them():
     from autograder.judge import Verdict
     from autograder.model import Result
-    from autograder.workers import _apply_verdicts
+    from autograder.grader import apply_verdicts
 
     class _NoViolations:
         violations: list = []
@@ -319,7 +319,7 @@ def test_tamper_flags_zero_the_judged_tests_unless_an_instructor_trusts_them():
         res = Result("s", A, tests=[{"name": "test_small", "notebook": A, "max_score": 1.0, "auto": True, "score": 0.0},
                                     {"name": "written", "notebook": A, "max_score": 2.0, "auto": False, "score": 0.0}],
                      flags=[{"severity": "tamper", "where": "cell x, line 3", "rule": "imports atexit", "line": "import atexit"}])
-        _apply_verdicts(res, {"test_small": Verdict(1.0, 1.0, True)}, _NoViolations(), trusted)
+        apply_verdicts(res, {"test_small": Verdict(1.0, 1.0, True)}, _NoViolations(), trusted)
         return res
 
     res = graded(False)

@@ -110,3 +110,29 @@ def test_a_borderline_submission_gets_one_grade_on_every_regrade(tmp_path):
     key = seed_key_for(tmp_path, "alice", A)
     assert len({grade(key) for _ in range(4)}) == 1
     assert len({grade(None) for _ in range(4)}) > 1
+
+
+def test_local_workers_and_cluster_tasks_hand_the_judge_the_workspace_key(tmp_path, monkeypatch):
+    """`autograde` (local workers) and `--cluster` tasks grade with the key of the workspace, the student
+    and the assignment; the cluster's driver computes it, so the secret never leaves its machine."""
+    from autograder import cluster, grader, workers
+    from autograder.model import SOLUTIONS, hash_tree
+
+    a, ws, seen = "01_vanilla_attention", tmp_path / "ws", []
+
+    class Stop(Exception):
+        pass
+
+    def fake(*args, **kw):
+        seen.append(kw["seed_key"])
+        raise Stop
+
+    monkeypatch.setattr(workers, "grade_submission", fake)
+    with pytest.raises(Stop):
+        workers.grade_one(tmp_path / "subs", ws, "alice", a, timeout=1, cell_timeout=None, gpu=None, key="k")
+    monkeypatch.setattr(grader, "grade_submission", fake)
+    with pytest.raises(Stop):
+        cluster.grade_task("alice", a, "k", hash_tree(SOLUTIONS / a, *grader.GRADING_SOURCES), {}, {}, b"", 1.0,
+                           None, False, seed_key_for(ws, "alice", a), gpu=False)
+    assert seen == [seed_key_for(ws, "alice", a)] * 2
+    assert seed_key_for(ws, "bob", a) != seen[0]
