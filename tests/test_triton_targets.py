@@ -1,15 +1,15 @@
 """Students' own GPUs (issue 34): every Triton kernel of the exercise solutions (steps 05, 08, 09, 10)
-and of lecture 05 fits the shared memory of sm_80, sm_86, sm_89 and sm_90, at the tiles it launches with.
+and of lectures 05 and 11 fits the shared memory of sm_80, sm_86, sm_89 and sm_90, at the tiles it launches with.
 
 On the CPU, with Triton's compiler for each target (``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", CC, 32))``, no GPU), each kernel is compiled once per target and tile
 configuration, for head dims 64 and 128, and its ``metadata.shared`` (what the launcher asks the driver
 for, and what fails with OutOfResources on a smaller GPU) is compared with the target's per-block opt-in
 limit. The kernels come from the solution notebooks' cells (as tests/test_triton_step05.py loads them)
-and from the ``@triton.jit`` functions of ``course/05_triton_flash_attention.pct.py`` (the lecture runs
-its checks at import, so only its kernels' definitions are taken). Lecture 05's ``triton.autotune``
-config list (stage 6) is compiled on the exercise's ``attn_fwd``, every config it can pick. Lectures
-08-10 define no Triton kernel of their own.
+and from the ``@triton.jit`` functions of ``course/05_*.pct.py`` and ``course/11_*.pct.py`` (a lecture
+runs its checks at import, so only its kernels' definitions are taken). Lecture 05's ``triton.autotune``
+config list (stage 6) is compiled on the exercise's ``attn_fwd``, every config it can pick. The other
+lectures define no Triton kernel.
 
 A case that does not fit is marked ``xfail(strict=True)``: it documents the kernel's tiles, and the test
 fails (XPASS) once the kernel fits or picks its tiles from the GPU it runs on.
@@ -88,6 +88,10 @@ def _cases() -> dict[str, dict]:
         for fn in ("attn_one_tile", "attn_loop", "attn_causal"):
             out[f"lecture05 {fn} 64x64 D{D}"] = _case(
                 "lecture05", fn, LECTURE, dict(GROUP=1, D=D, CAUSAL=True, BLOCK_M=64, BLOCK_N=64))
+        # lecture 11's Triton tile, launched on a GPU with 4 warps and 2 stages
+        out[f"lecture11 rowmax_qk 64x64 w4 s2 D{D}"] = _case(
+            "lecture11", "rowmax_qk", {"Q": "*fp16", "K": "*fp16", "M_out": "*fp32"},
+            dict(D=D, BLOCK_M=64, BLOCK_N=64), {"num_warps": 4, "num_stages": 2})
     # check_block_mask's tiles; no dot: a few bytes of reduction scratch
     for bm, bn in ((128, 64), (64, 64), (32, 16)):
         out[f"10 tile_classes_kernel {bm}x{bn}"] = _case(
@@ -143,20 +147,22 @@ def solution(step):
                                            for c in code if "@triton.jit" in "".join(c["source"])
                                            or c["metadata"].get("nbgrader", {}).get("grade_id") == "setup"))
 
-def lecture05():
+def lecture(step):
     import ast
-    path = os.path.join(root, "course", "05_triton_flash_attention.pct.py")
+    (path,) = [os.path.join(root, "course", f) for f in os.listdir(os.path.join(root, "course"))
+               if f.startswith(step + "_") and f.endswith(".pct.py")]
     text = open(path).read()
     kernels = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)
                and any(ast.unparse(d) == "triton.jit" for d in n.decorator_list)]
     lines = text.splitlines()
     body = ["\n".join(lines[n.decorator_list[0].lineno - 1:n.end_lineno]) for n in kernels]
-    return module("lecture05", "import triton\nimport triton.language as tl\n\n\n" + "\n\n\n".join(body))
+    return module("lecture" + step, "import triton\nimport triton.language as tl\n\n\n" + "\n\n\n".join(body))
 
 modules, out = {}, {}
 for cid, c in cases.items():
     if c["source"] not in modules:
-        modules[c["source"]] = lecture05() if c["source"] == "lecture05" else solution(c["source"])
+        src = c["source"]
+        modules[src] = lecture(src[len("lecture"):]) if src.startswith("lecture") else solution(src)
     fn = getattr(modules[c["source"]], c["fn"])
     const = dict(c["const"], **{k: getattr(fv, v) for k, v in c["mods"].items()})
     names = fn.arg_names
@@ -190,7 +196,7 @@ def compiled() -> dict:
     result is kept in a file named by the hash of everything it depends on, under a lock: pytest-xdist
     workers that get some of these tests wait for one compile instead of each running their own."""
     h = hashlib.sha256(importlib.metadata.version("triton").encode())
-    for path in (Path(__file__), ROOT / "course" / "05_triton_flash_attention.pct.py",
+    for path in (Path(__file__), *sorted((ROOT / "course").glob("*.pct.py")),
                  ROOT / "src" / "facourse" / "variants.py", *sorted((ROOT / "solutions").glob("*/*.ipynb"))):
         h.update(path.read_bytes())
     out = Path(tempfile.gettempdir()) / f"facourse_triton_targets_{h.hexdigest()[:20]}.json"
