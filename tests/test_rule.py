@@ -203,3 +203,36 @@ def test_expect_tensor_says_what_differs():
         expect_tensor(torch.ones(2, 3).half(), like, name="o", like_name="q", tag="[t]", dtype_note=" (cast)")
     with collecting():
         expect_tensor(None, like, name="o", like_name="q", tag="[t]")
+
+
+def test_nan_filled_allocations_from_two_threads_restore_torch():
+    """The judge decides verdicts in threads: two blocks that overlap (A in, B in, A out, B out) leave
+    torch's allocators as they found them, and each thread's allocations are NaN while inside."""
+    import threading
+
+    from facourse.rule import nan_filled_allocations
+    original = torch.empty
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with nan_filled_allocations():
+            a_in.set()
+            b_in.wait(5)
+            seen["a"] = bool(torch.isnan(torch.empty(2)).all())
+        a_out.set()
+
+    def b():
+        a_in.wait(5)
+        with nan_filled_allocations():
+            b_in.set()
+            a_out.wait(5)
+            seen["b"] = bool(torch.isnan(torch.empty(2)).all())
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"a": True, "b": True}
+    assert torch.empty is original, "a thread's block left torch.empty patched"
