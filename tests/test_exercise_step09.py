@@ -34,6 +34,10 @@ PLANTED = {
     "last_page_unmasked": ("split_kernel", "end = tl.minimum(start + split_len, L)",
                            "end = tl.minimum(start + split_len, tl.cdiv(L, page_size) * page_size)", "test_mixed",
                            "a last page is read past seq_len"),
+    # w_s = exp(lse_s) without the max lse subtracted: inf / inf for the logits in the hundreds of test_page64
+    "merge_unsafe_exp": ("merge_kernel", "w = tl.math.exp2(lse_s - big_use)",
+                         "w = tl.math.exp2(lse_s)\n    big_use = big_use * 0.0", "test_page64",
+                         "the merge exponentiates lse without subtracting the max"),
     "no_validation": ("launch", "    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale)\n", "",
                       "test_bad_inputs", "validate_paged_inputs"),
 }

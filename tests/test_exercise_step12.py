@@ -25,6 +25,10 @@ _PASS = ('''pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank +
 # (the cell, the solution's text, the mistake, the test that loses its points, what its message names)
 PLANTED = {
     "merge_without_weights": ("merge", _WEIGHTED, "o = o_a + o_b", "test_merge", "without their weights"),
+    # w = exp(lse) without the max subtracted: test_merge's lse in the hundreds overflow; the ring's logits do not
+    "merge_unsafe_exp": ("merge", _WEIGHTED, "w_a, w_b = torch.exp(lse_a)[..., None], torch.exp(lse_b)[..., None]\n"
+                         "    o = (w_a * o_a + w_b * o_b) / (w_a + w_b)", "test_merge",
+                         "the merge exponentiates lse without subtracting the max"),
     # the same merge inside the ring: the ring's diagnosis names it from the gathered output alone
     "ring_merge_without_weights": ("merge", _WEIGHTED, "o = o_a + o_b", "test_causal", "without their weights"),
     "zigzag_as_contiguous": ("ring", "return [bounds[c] for c in ((r, n - 1 - r) if causal else (r,))]",

@@ -100,12 +100,21 @@ def test_planted_bugs_03(tmp_path):
             online, ("range(0, n, block_size)", "range(0, n - block_size + 1, block_size)"))},
         "merge_nan_on_empty": {"merge_softmax_states": mutate(
             merge, ("m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "m_safe = m"))},
+        "merge_unsafe_exp": {"merge_softmax_states": mutate(
+            merge, ("l = l_a * torch.exp(m_a - m_safe) + l_b * torch.exp(m_b - m_safe)",
+                    "l = (l_a * torch.exp(m_a) + l_b * torch.exp(m_b)) / torch.exp(m_safe)"))},
     }, {
         "no_alpha_rescale": ("test_ragged", merges),
         "drops_last_block": ("test_ragged", merges + ["test_small", "test_configs", "test_overflow"]),
         "merge_nan_on_empty": ("test_merge_empty", ["test_merge_random", "test_merge_large",
                                                     "test_merge_chain", "test_small", "test_configs"]),
-    }, {"no_alpha_rescale": PLANTED[A3][3:]})
+        # exp(m) without the max subtracted: test_merge_large's maxima in the thousands overflow; the online
+        # softmax calls the student's merge, so its own large-logit test (test_overflow) loses too
+        "merge_unsafe_exp": ("test_merge_large", ["test_merge_random", "test_merge_empty", "test_merge_chain",
+                                                  "test_small", "test_configs", "test_ragged", "test_masked",
+                                                  "test_half"]),
+    }, {"no_alpha_rescale": PLANTED[A3][3:],
+        "merge_unsafe_exp": ("test_merge_large", "exp of a maximum itself overflowed")})
     assert got["no_alpha_rescale"]["test_configs"]["points"] == 0
 
 

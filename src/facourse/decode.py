@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -52,6 +52,7 @@ class DecodeCase:
     page_size: int
     shared_prefix: int = 0       # tokens at the start of sequences 1, 2, ... stored in sequence 0's pages
     graded_perf: bool = False
+    logit_scale: float = 1.0     # > 1: q is multiplied by it, logits in the hundreds overflow an unsafe exp
 
     @property
     def B(self) -> int:
@@ -70,6 +71,7 @@ class DecodeCase:
         lens = self.seq_lens if len(set(self.seq_lens)) > 1 else f"{self.B} x {self.seq_lens[0]}"
         lens = str(lens).replace(" ", "") if isinstance(lens, tuple) else lens
         extra = f", shared prefix {self.shared_prefix}" if self.shared_prefix else ""
+        extra += f", logits x{self.logit_scale:g}" if self.logit_scale != 1.0 else ""
         return (f"{self.name} (seq_lens {lens}, Hq={self.Hq}, Hkv={self.Hkv}, Sq={self.Sq}, D={self.D}, "
                 f"page {self.page_size}{extra})")
 
@@ -190,7 +192,8 @@ def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=No
     owned = owned.to(device)
     k_cache[~owned] = float("nan")
     v_cache[~owned] = float("nan")
-    q = torch.randn(B, case.Sq, case.Hq, case.D, generator=g).to(device=device, dtype=dtype).transpose(1, 2)
+    q = (torch.randn(B, case.Sq, case.Hq, case.D, generator=g) * case.logit_scale).to(device=device, dtype=dtype)
+    q = q.transpose(1, 2)
     return PagedInputs(q, k_cache.to(dtype), v_cache.to(dtype),
                        table.to(device), torch.tensor(case.seq_lens, dtype=torch.int32, device=device))
 
@@ -410,6 +413,12 @@ NAN_CAUSE = ("the K/V rows past seq_len, the padding entries of the block table 
              "reads them. Mask K and V loads with (key index < seq_len) and other=0.0, find token t in row "
              "t % page_size of page block_table[b, t // page_size], and never follow a block-table entry past the "
              "sequence's last page")
+#: the largest natural-log lse whose exp float32 holds (exp(88.7) is FLT_MAX)
+EXP_LIMIT = math.log(torch.finfo(torch.float32).max)
+OVERFLOW_CAUSE = ("the merge exponentiates lse without subtracting the max: these rows' logits reach the hundreds "
+                  "(lse up to {top:.0f}) and exp(lse_s) overflows float32 past {limit:.1f}, giving inf / inf = NaN. "
+                  "Weigh split s by w_s = exp(lse_s - M) with M = max_s lse_s, and take lse = M + log(sum_s w_s) "
+                  "(a split's softmax likewise subtracts its running max before exp)")
 EMPTY_CAUSE = ("these rows see no key (an empty sequence, or fewer tokens than Sq - i): o must be 0 and lse -inf. "
                "Guard the division by l when l == 0, and exp(m_old - m_new) while m is -inf; a merge of splits that "
                "all saw no key must give 0, not 0/0")
@@ -462,7 +471,10 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
     found = diagnose({"o": o}, {"o"}, _mistakes(inp, scale, ref.dtype), float(allowed.max()))
     if nonfinite.any():
         only_empty = not bool((nonfinite & ~empty[..., 0]).any())
-        cause = found.cause if found else EMPTY_CAUSE if only_empty else NAN_CAUSE
+        # with a margin: an unsafe merge overflows in w_s * O_s a little before exp(lse) itself does
+        only_large = not bool((nonfinite & ~(ref_lse.to(nonfinite.device) > EXP_LIMIT - 8.0)).any())
+        cause = (found.cause if found else EMPTY_CAUSE if only_empty
+                 else OVERFLOW_CAUSE.format(top=float(ref_lse.max()), limit=EXP_LIMIT) if only_large else NAN_CAUSE)
         raise AttentionCheckError(f"{tag} o has NaN or inf at {_where(nonfinite, L)}.\n  likely cause: {cause}")
     not_empty = torch.stack([c.not_empty_rows for c in cmps])
     if not_empty.any():
@@ -481,12 +493,15 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
 
 
 def check_paged_decode(fn, case: str | DecodeCase = "mixed", *, seed: int | None = None, device=None,
-                       dtype=None, scale=None, verbose: bool = True) -> None:
+                       dtype=None, scale=None, logit_scale: float = 1.0, verbose: bool = True) -> None:
     """Draw the inputs of ``case``, call ``fn(q, k_cache, v_cache, block_table, seq_lens[, scale=])`` and
     check ``(o, lse)`` with the course's rule. Raises :class:`AttentionCheckError` on failure (also when
-    ``fn`` changes an input); prints one line on success and returns nothing."""
+    ``fn`` changes an input); prints one line on success and returns nothing. ``logit_scale`` > 1
+    multiplies q: logits in the hundreds, which overflow a merge of splits that does not subtract the max."""
     device = resolve_device(device)
     c = get_decode_case(case, device)
+    if logit_scale != 1.0:
+        c = replace(c, logit_scale=float(logit_scale))
     seed = draw_seed(seed)
     inp = make_paged_inputs(c, seed, device, dtype)
     tag = f"[{c.name}]"

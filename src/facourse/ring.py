@@ -604,7 +604,8 @@ def check_merge_partials(fn, *, seed: int | None = None, verbose: bool = True) -
     if cmp["o"].failure == "nonfinite":
         rows = sorted({int(r) for r in torch.nonzero(cmp["o"].nonfinite_rows)[:, 2]})
         cause = (found.cause if found else unguarded if all(8 <= r < 16 for r in rows) else
-                 "exp(lse) overflows float32 when lse is in the hundreds: weight each part by exp(lse_part - lse), "
+                 "the merge exponentiates lse without subtracting the max: exp(lse) overflows float32 when lse is "
+                 "in the hundreds (and underflows to 0 / 0 far below zero); weight each part by exp(lse_part - lse), "
                  "with lse = logaddexp(lse_a, lse_b), which is at most 1")
         raise AttentionCheckError(f"{tag} NaN or inf in o at rows {ranges(rows)}.\n  likely cause: {cause}")
     cause = (found.cause if found else
