@@ -232,10 +232,11 @@ judge("test_mixed", paged_decode)
 #
 # The cells below run with inputs you do not see. Try the same names yourself, for instance
 # `check_paged_decode(paged_decode, "page48")`: the cases are `mixed`, `page64`, `page48`, `prefix`,
-# `mqa`, `spec` and `d64`.
+# `mqa`, `spec` and `d64`; `check_paged_decode(paged_decode, "page64", logit_scale=64)` puts the logits
+# in the hundreds, where a merge of partial results that does not subtract the max overflows.
 
 # %% nbgrader={"grade": true, "grade_id": "test_page64", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# hidden test: pages of 64 tokens
+# hidden test: pages of 64 tokens, also with logits in the hundreds (the split-KV merge)
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_page64", paged_decode)
