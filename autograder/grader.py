@@ -187,9 +187,23 @@ def _written_answers_by_cell_type(res: Result, template_db: Path) -> None:
     res.auto_max_score = sum(t["max_score"] for t in res.tests if t["auto"])
 
 
-def grade_submission(src: Path, priv: Path, release_dir: Path, template_db: Path, student: str,
-                     a: str, *, timeout: float, cell_timeout: float | None, gpu: str | None, key: str,
-                     gpu_index: int | None = None, trusted: bool = False, seed_key: bytes | None = None) -> Result:
+#: what a second try may cure: a notebook kernel that never answered (its ports taken by another
+#: process at start-up, under load); no student code has run by then
+_RETRIED = "the notebook's kernel did not start"
+
+
+def grade_submission(*args, **kwargs) -> Result:
+    """:func:`grade_once`, tried a second time when the notebook's kernel did not start (the grading
+    machinery's failure, before any student code ran); still ungraded after that, it is reported so."""
+    res = grade_once(*args, **kwargs)
+    if res.status.startswith(UNGRADED + _RETRIED):
+        res = grade_once(*args, **kwargs)
+    return res
+
+
+def grade_once(src: Path, priv: Path, release_dir: Path, template_db: Path, student: str,
+               a: str, *, timeout: float, cell_timeout: float | None, gpu: str | None, key: str,
+               gpu_index: int | None = None, trusted: bool = False, seed_key: bytes | None = None) -> Result:
     """Grade the submission folder ``src`` in the private workspace ``priv``, against the release
     ``release_dir`` and the template gradebook ``template_db``: a local worker and a cluster task
     both grade with this. The judge runs here, beside the nbgrader process; the graded notebooks

@@ -463,3 +463,27 @@ def test_no_import_circle_in_the_autograder():
 
     circles = sorted(m for m in deps if m in reach(m, set()))
     assert "workers" not in circles and "cluster" not in circles, circles
+
+
+def test_a_kernel_that_did_not_start_is_tried_once_more(monkeypatch):
+    """A notebook kernel that never answered (its ports taken at start-up under load) is the grading
+    machinery's failure, before any student code ran: one more try; other faults are not retried."""
+    tries = []
+
+    def once(*args, **kw):
+        tries.append(1)
+        res = model.Result("s", "01_vanilla_attention", key="k")
+        res.status = outcomes.pop(0)
+        return res
+
+    monkeypatch.setattr(grader, "grade_once", once)
+    started_late = grader.UNGRADED + "the notebook's kernel did not start or lost its grader: Kernel died"
+    outcomes = [started_late, "graded"]
+    assert grader.grade_submission().status == "graded" and len(tries) == 2
+    tries.clear()
+    outcomes = [started_late, started_late]
+    assert grader.grade_submission().status == started_late and len(tries) == 2
+    tries.clear()
+    killed = grader.UNGRADED + "the grading process was killed by signal 9 before it finished"
+    outcomes = [killed]
+    assert grader.grade_submission().status == killed and len(tries) == 1
