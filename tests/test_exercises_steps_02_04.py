@@ -108,11 +108,11 @@ def test_planted_bugs_03(tmp_path):
         "drops_last_block": ("test_ragged", merges + ["test_small", "test_configs", "test_overflow"]),
         "merge_nan_on_empty": ("test_merge_empty", ["test_merge_random", "test_merge_large",
                                                     "test_merge_chain", "test_small", "test_configs"]),
-        # exp(m) without the max subtracted: test_merge_large's maxima in the thousands overflow; the online
-        # softmax calls the student's merge, so its own large-logit test (test_overflow) loses too
+        # exp(m) without the max subtracted: test_merge_large's maxima in the thousands overflow; test_overflow
+        # runs the online softmax with the course's merge in place of the student's, so it keeps its points
         "merge_unsafe_exp": ("test_merge_large", ["test_merge_random", "test_merge_empty", "test_merge_chain",
-                                                  "test_small", "test_configs", "test_ragged", "test_masked",
-                                                  "test_half"]),
+                                                  "test_small", "test_configs", "test_ragged", "test_overflow",
+                                                  "test_masked", "test_half"]),
     }, {"no_alpha_rescale": PLANTED[A3][3:],
         "merge_unsafe_exp": ("test_merge_large", "exp of a maximum itself overflowed")})
     assert got["no_alpha_rescale"]["test_configs"]["points"] == 0
@@ -252,6 +252,30 @@ def test_merge_check_rejects_each_fault(cause, fn, case):
     with pytest.raises(SoftmaxCheckError) as err:
         check_merge_fn(fn, case, seed=5, verbose=False)
     assert cause in str(err.value), str(err.value)
+
+
+def test_softmax_check_puts_the_course_merge_in_for_the_named_one():
+    """With course_merge_for, an online softmax is judged with the course's merge in place of the one it
+    calls from its module, and gets its own back afterwards."""
+    scope = {"torch": torch}
+    exec("def merge_softmax_states(m_a, l_a, m_b, l_b):\n"
+         "    m = torch.maximum(m_a, m_b)\n"
+         "    return m, (l_a * torch.exp(m_a) + l_b * torch.exp(m_b)) / torch.exp(m)\n"
+         "def online_softmax(x, block_size):\n"
+         "    m = torch.full(x.shape[:-1], float('-inf'))\n"
+         "    l = torch.zeros(x.shape[:-1])\n"
+         "    for j in range(0, x.shape[-1], block_size):\n"
+         "        b = x[..., j:j + block_size].float()\n"
+         "        m_j = b.amax(dim=-1)\n"
+         "        s = torch.where(torch.isneginf(m_j), torch.zeros_like(m_j), m_j)\n"
+         "        m, l = merge_softmax_states(m, l, m_j, torch.exp(b - s[..., None]).sum(dim=-1))\n"
+         "    return (torch.exp(x.float() - m[..., None]) / l[..., None]).to(x.dtype)\n", scope)
+    own = scope["merge_softmax_states"]
+    with pytest.raises(SoftmaxCheckError):
+        check_softmax_fn(scope["online_softmax"], "overflow", block_size=64, seed=7, verbose=False)
+    check_softmax_fn(scope["online_softmax"], "overflow", block_size=64, seed=7, verbose=False,
+                     course_merge_for="merge_softmax_states")
+    assert scope["merge_softmax_states"] is own
 
 
 def test_softmax_check_prints_and_returns_nothing(capsys):
