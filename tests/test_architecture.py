@@ -197,3 +197,22 @@ def test_no_module_in_src_reaches_the_size_limit():
             and (n := len(FILES[m].read_text(encoding="utf-8").splitlines())) >= MAX_LINES}
     assert not long, f"modules of {MAX_LINES} lines or more in src/: {long}"
 
+
+
+def unresolved_relative_imports() -> list[str]:
+    """Relative imports naming a module the tree does not have. A deferred one (inside a function that
+    only a GPU runs) fails nowhere on a CPU, so it is read here, not run."""
+    bad = []
+    for module in sorted(MODULES):
+        for node in ast.walk(_parse(module)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                source = _absolute(module, node)
+                if source not in MODULES and not all(f"{source}.{a.name}" in MODULES for a in node.names):
+                    bad.append(f"{FILES[module].relative_to(ROOT).as_posix()}:{node.lineno}: "
+                               f"{'.' * node.level}{node.module or ''} is {source}, which does not exist")
+    return bad
+
+
+def test_every_relative_import_names_a_module_of_the_tree():
+    bad = unresolved_relative_imports()
+    assert not bad, "relative imports of nothing:\n" + "\n".join(bad)

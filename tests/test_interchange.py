@@ -526,3 +526,33 @@ def test_the_students_own_kernels_register_as_solutions_and_trace_on_the_cpu(tmp
 def test_missing_exercise_folders_are_named_not_raised(tmp_path):
     found = ic.student_solutions(tmp_path)
     assert all(isinstance(v, str) and "No such file" in v for v in found.values()), found
+
+
+def test_a_passed_trace_on_a_gpu_is_timed_by_the_course_bench(monkeypatch):
+    """The GPU branch of trace() on a CPU: the device said to be CUDA, the bench stubbed, so that its
+    import and its call run here as a GPU would run them."""
+    import facourse.bench as bench
+    from facourse.interchange import traces as tr
+
+    calls = []
+
+    class Timed:
+        t_student_ms, t_ref_ms, ratio = 2.0, 1.0, 0.5
+
+        def summary(self):
+            return "timed: 0.50x"
+
+    def fake_bench(fn, config, **kw):
+        calls.append((config, kw["layout"]))
+        return Timed()
+
+    monkeypatch.setattr(bench, "bench_attention", fake_bench)
+    real = tr._call_and_check
+    monkeypatch.setattr(tr, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(tr, "_call_and_check",
+                        lambda run, w, seed, device: real(run, w, seed, torch.device("cpu")))
+    d = fib.Definition(**definition())
+    t = ic.trace(d, "good", _runs()["good"][0], ic.workloads("cpu")[0])
+    assert t.evaluation.status.value == "PASSED", t.evaluation.log
+    assert t.evaluation.performance.speedup_factor == 0.5 and "timed: 0.50x" in t.evaluation.log
+    assert len(calls) == 1 and calls[0][1] == "bshd"

@@ -60,7 +60,7 @@ def _errors(out_c, q, k, v, causal, report=None):
 
 def _performance(run, workload, seed, backend):
     """bench_attention's times of ``run`` on the workload's shape (GPU)."""
-    from .bench import bench_attention
+    from ..bench import bench_attention
 
     r = bench_attention(course_kernel(run), workload_config(workload), backend=backend,
                         dtype=torch.float16, seed=seed, layout="bshd")
