@@ -36,9 +36,9 @@ from .seeds import seed_key_for
 #: and timeouts"), so that a hung notebook frees its worker in minutes, not half an hour.
 NOTEBOOK_TIMEOUT = {
     "01_vanilla_attention": 300, "02_safe_softmax": 300, "03_online_softmax": 300,
-    "04_tiled_attention": 300, "05_triton_flash_attention": 600, "06_cuda_flash_attention": 900,
-    "07_hopper_flash_attention": 1500, "08_backward": 600, "09_decode_paged_kv": 600,
-    "10_attention_variants": 600, "11_interchangeable_kernels": 900, "12_ring_attention": 300,
+    "04_tiled_attention": 400, "05_triton_flash_attention": 600, "06_cuda_flash_attention": 900,
+    "07_hopper_flash_attention": 1500, "08_backward": 1050, "09_decode_paged_kv": 600,
+    "10_attention_variants": 1100, "11_interchangeable_kernels": 900, "12_ring_attention": 300,
 }
 DEFAULT_NOTEBOOK_TIMEOUT = 900
 
