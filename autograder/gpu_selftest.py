@@ -7,9 +7,8 @@ the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same pa
 1. step 05's perf tests on the exercise's solution (its notebook cells); its perf test with stand-ins
    for a submission: the ladder's tuned solution (honest: points), a function that caches its output
    by input address and one that launches its work on a side stream (both timed faster than the GPU
-   can run: flagged, 0), and honest
-   numbers whose reference time was multiplied by 3 on their way to the judge (the judge's own
-   calibration disagrees: flagged, 0);
+   can run: flagged, 0), and honest numbers whose reference time was multiplied by 3 on their way to
+   the judge (the judge's own calibration disagrees: flagged, 0);
 2. step 06: the exercise's solution (its harness + ladder/student_kernel_solution.cu) on every
    test of the plan: every correctness point, and the perf points its speed earns;
 3. step 07 (H100/H200 only): the same, with the structural check compiled by the judge from the
@@ -26,9 +25,9 @@ the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same pa
    (it loses the tile-lists test).
 7. step 11 (H100/H200 only; needs tilelang and flashinfer-bench: tools/carry_tilelang.py): the
    exercise's definition, tracing and routing (its notebook cells) on their tests, and its TileLang
-   program on the TileLang tests of the plan, on the CPU
-   stand-in and compiled by TileLang on the GPU, perf included; the same program with top-left causal
-   loses the GPU correctness test, whose message names it.
+   program on the TileLang tests of the plan, on the CPU stand-in and compiled by TileLang on the GPU,
+   perf included; the same program with top-left causal loses the GPU correctness test, whose message
+   names it.
 
 `python -m autograder.gpu_selftest 08` runs part 4 only (any of 05-11 may be named).
 
