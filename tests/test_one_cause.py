@@ -33,24 +33,30 @@ def test_09_a_speculative_only_mistake_costs_test_spec_alone(tmp_path):
     assert got["test_mixed"]["points"] == got["test_mixed"]["max"], got
 
 
-def test_03_an_unsafe_merge_costs_test_merge_large_alone(tmp_path):
+def test_03_a_merge_mistake_costs_the_merges_test_alone(tmp_path):
     """A merge that exponentiates the maxima themselves overflows on test_merge_large's maxima in the
-    thousands. The student's online_softmax calls that merge, but test_overflow judges the online loop's
-    own max handling, so it keeps its points; an online loop with no running max still loses it."""
+    thousands; one that takes exp(-inf - -inf) for two empty states is NaN on test_merge_empty's. The
+    student's online_softmax calls that merge, but test_overflow and test_masked judge the online loop's
+    own handling of large and -inf logits, so they keep their points; an online loop with no running max
+    still loses test_overflow."""
     step = "03_online_softmax"
     code = solution_code(step)
     safe_merge = "l = l_a * torch.exp(m_a - m_safe) + l_b * torch.exp(m_b - m_safe)"
     block_max = "m_j = x_j.amax(dim=-1) "
     assert safe_merge in code["merge_softmax_states"] and block_max in code["online_softmax"]
+    empty_guard = "m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)"
+    assert empty_guard in code["merge_softmax_states"]
     bugs = {
         "unsafe_merge": {"merge_softmax_states": code["merge_softmax_states"].replace(
             safe_merge, "l = (l_a * torch.exp(m_a) + l_b * torch.exp(m_b)) / torch.exp(m_safe)")},
+        "nan_on_empty": {"merge_softmax_states": code["merge_softmax_states"].replace(empty_guard, "m_safe = m")},
         # every block's state taken relative to 0: exp(x) itself, with no running max
         "online_no_max": {"online_softmax": code["online_softmax"].replace(
             block_max, "m_j = torch.zeros_like(x_j.amax(dim=-1)) ")},
     }
     got = planted_verdicts(tmp_path, step, ("imports",), bugs)
     lost = {bug: [t for t, v in verdicts.items() if v["points"] < v["max"]] for bug, verdicts in got.items()}
-    assert lost == {"unsafe_merge": ["test_merge_large"], "online_no_max": ["test_overflow"]}, lost
+    assert lost == {"unsafe_merge": ["test_merge_large"], "nan_on_empty": ["test_merge_empty"],
+                    "online_no_max": ["test_overflow"]}, lost
     assert "exp of a maximum itself overflowed" in got["unsafe_merge"]["test_merge_large"]["message"]
     assert "no max subtraction" in got["online_no_max"]["test_overflow"]["message"]

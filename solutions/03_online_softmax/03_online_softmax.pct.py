@@ -41,10 +41,10 @@
 # **What is graded** (10 points by the autograder, 2 by hand): two visible tests below, then hidden tests on
 # inputs you do not see: the merge with empty states, with maxima in the thousands and chained over many
 # blocks; `online_softmax` over the attention scores of `medium`, `large`, `noncausal`, `asymmetric`, rows
-# of many lengths (no multiple of `block_size`), logits that overflow `exp` (with the course's merge in
-# place of yours, so that test grades your loop and a merge mistake costs only the merge's tests), rows
-# with $-\infty$ entries (some whose first blocks are all $-\infty$), fully $-\infty$ rows and float16
-# inputs, each with several block sizes.
+# of many lengths (no multiple of `block_size`), logits that overflow `exp`, rows with $-\infty$ entries
+# (some whose first blocks are all $-\infty$) and fully $-\infty$ rows (these two with the course's merge in
+# place of yours, so that they grade your loop and a merge mistake costs only the merge's tests), and
+# float16 inputs, each with several block sizes.
 
 # %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import torch
@@ -193,7 +193,7 @@ judge("test_overflow", online_softmax)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_masked", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# hidden test: rows with -inf entries (some with all -inf first blocks) and fully -inf rows
+# hidden test: rows with -inf entries, some with all -inf first blocks, and fully -inf rows (with the course's merge)
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_masked", online_softmax)
