@@ -219,6 +219,10 @@ def run(m: dict, names: list[str], a: argparse.Namespace, out: Path) -> tuple[di
             d["env"].update(w)                 # what the kind measured once (a decode: the copy rate)
             tmp.unlink()
         save()
+        # each rung's checks as it ends: a run cut short still shows what passed
+        checks = [r["check"] for r in d["rows"] if r.get("rung") == n and r.get("kind") == "check"]
+        print(f"-- {n}: checks {checks.count('ok')}/{len(checks)}, {d['rungs'][n]['seconds']:.0f} s"
+              + (f"; {d['rungs'][n]['error']}" if "error" in d["rungs"][n] else ""), flush=True)
     return d, path
 
 

@@ -103,6 +103,8 @@ def test_ladder_runner_checks_a_rung_on_the_cpu(tmp_path):
         {"rung": "v3_causal_split", "config": "small", "dtype": "float16", "kind": "check", "check": "ok",
          "seconds": d["rows"][0]["seconds"]}]
     assert "checks 1/1" in r.stdout
+    # the rung's line as it ends, before the table: what a run cut short still shows
+    assert "-- v3_causal_split: checks 1/1" in r.stdout.split("step 05 on")[0]
 
 
 @pytest.mark.parametrize("step", ["05", "06", "07"])
