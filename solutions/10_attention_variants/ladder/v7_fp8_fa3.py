@@ -1,0 +1,456 @@
+"""v7: FP8 (e4m3) attention as FlashAttention-3 quantises it: per-block scales, incoherent processing,
+one fused quantisation kernel per tensor.
+
+Lecture 10, section 7 (after v5). v5 keeps one scale per (batch, head): one outlier of magnitude 30
+in a head of N(0, 1) entries sets the step of every other entry of that head, and most of them fall
+into e4m3's coarse low binades. FlashAttention-3 (Shah et al., 2024, section 3.3) adds two things:
+
+* **Block quantisation**: one scale per tile of rows, the tiles the attention kernel reads (BLOCK_M
+  rows of Q, BLOCK_N rows of K and of V). An outlier then costs precision only in its own tile. The
+  kernel multiplies S of tile (i, j) by scale * dq[i] * dk[j] (log2 units, one factor per tile as in
+  v5) and each product P V_j by dv[j] before it joins the fp32 accumulator.
+* **Incoherent processing**: Q and K are multiplied by the same orthogonal M = diag(signs) H_D /
+  sqrt(D) (H_D the D x D Sylvester-Hadamard matrix of +-1, signs drawn from SIGN_SEED), so Q K^T =
+  (Q M)(K M)^T is unchanged while each outlier is spread over all D coordinates of its row (its
+  magnitude drops by about sqrt(D)): the block's amax, hence its step, shrinks.
+
+The quantiser. ``quant_rows`` is one kernel for Q or K: per tile of rows it loads the fp16/bf16 tile,
+multiplies it by diag(signs) H_D (entries +-1, exact in the input dtype) with one tl.dot (fp32
+accumulation) and by 1/sqrt(D), takes the tile's amax, stores e4m3 and the tile's descale = amax /
+448. ``quant_v`` quantises a tile of BLOCK_N keys of V and stores it transposed into [B, H, D, S] (the
+layout v5's kernel reads, its rows padded to 16 bytes for TMA), with one descale per BLOCK_N keys. V is
+not rotated (O = P V would come out rotated). The GPU path costs one read of q, k, v and one write of
+their e4m3 copies, against v5's separate PyTorch passes (amax, divide, cast, transpose).
+
+The accumulator and dv. acc is kept in units of the last tile's dv: before tile j it is rescaled by
+alpha * dv[j-1] / dv[j] (alpha the online softmax's factor, already a per-row multiply), so P_j V8_j
+still accumulates in place in the tensor cores' fp32 accumulator, and O takes the last dv once at the
+end. This equals sum_j dv[j] P_j V8_j / l. P goes to e4m3 times 256 (P_LOG2: the exp2 subtracts m - 8,
+no extra multiply); l sums the same scaled P, so O = acc / l is unchanged and lse takes the 8 back.
+
+In Triton's interpreter (no GPU), the cast fp32 -> e4m3 is NumPy bit surgery that rounds ties away
+from zero and loses the carry when rounding up crosses into an odd binade (1.96 * 2 becomes 2, not
+4); with EXACT_ROUND the kernels first round to e4m3's grid in fp32 (round to nearest even, as the
+GPU's cvt.rn does) so the cast is exact, and the dots run on fp32 copies of their operands (exact for
+e4m3 and +-1 values; NumPy multiplies fp16 without BLAS). On a GPU EXACT_ROUND is off.
+
+The kind's runner (facourse.variants.bench_fp8) calls quantize_fp8 on q, k and v alike and transposes v
+itself: quantize_fp8 gives one scale per BLOCK_N rows (a whole number of query tiles, so run_kernel
+reads one q scale per Q_PER query tiles) and rotates nothing unless asked; the timing is the same
+kernel. flash_attention_fp8 runs quantize_qkv (rotation, BLOCK_M-row blocks of Q, V transposed).
+
+The error, measured on a CPU with this kernel in the interpreter (``error_study``; the record is
+benchmarks/results_cpu/2026-11-27_cpu_step10_fp8_error.txt, made by running this file): on FA3's
+outlier inputs the rotation is what cuts the RMSE of O, per-block scales alone barely move it, as in
+FA3's Table 3 ablation; on N(0, 1) all four quantisations give the same RMSE.
+
+The tiles are v5's (TILES, not re-tuned: this rung's speed is not measured yet). Needs a GPU with FP8
+tensor cores; on a CPU the entry points raise; ``run_end_to_end`` and ``run_kernel`` launch without
+that check (the tests run them in the interpreter).
+"""
+import functools
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.append(HERE)
+import v5_fp8 as v5  # noqa: E402  (sets up the interpreter without a GPU, before triton; its helpers)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from facourse.triton_setup import validate_triton_inputs  # noqa: E402
+
+vc = v5.vc
+causal_split_bounds = v5.causal_split_bounds
+E4M3_MAX = v5.E4M3_MAX
+INTERPRET = v5.INTERPRET
+EXACT_ROUND = INTERPRET
+TILES = v5.TILES
+INTERPRET_TILES = v5.INTERPRET_TILES
+FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num_stages) for a sweep
+# P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
+# below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
+P_LOG2 = tl.constexpr(8.0)
+# The random signs of the rotation: torch.Generator().manual_seed(SIGN_SEED), torch.randint(0, 2, (D,)).
+SIGN_SEED = 20240711
+
+
+def tiles():
+    return FORCE_TILES or (INTERPRET_TILES if INTERPRET else TILES)
+
+
+# ----------------------------------------------------------------------------- the rotation
+def hadamard(D):
+    """The D x D Sylvester-Hadamard matrix of +-1 (D a power of two): H H^T = D I."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < D:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    assert h.shape[0] == D, f"D = {D} is no power of two"
+    return h
+
+
+@functools.lru_cache(maxsize=None)
+def _signs_hadamard(D):
+    g = torch.Generator().manual_seed(SIGN_SEED)
+    signs = torch.randint(0, 2, (D,), generator=g).float() * 2 - 1
+    return signs[:, None] * hadamard(D)
+
+
+def signed_hadamard(D, dtype=torch.float32, device="cpu"):
+    """diag(signs) H_D, entries +-1; M = signed_hadamard(D) / sqrt(D) is orthogonal."""
+    return _signs_hadamard(D).to(device=device, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- device helpers
+@triton.jit
+def e4m3_grid(x):
+    """x (fp32, |x| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32: the step
+    of x's binade (2^(e-3), subnormals sharing the smallest binade's 2^-9) times an integer rounded
+    by the 1.5 * 2^23 trick (exact for |x / step| < 2^22)."""
+    a = tl.abs(x)
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    step = ((e + 124) << 23).to(tl.float32, bitcast=True)        # 2^(e - 3)
+    r = ((a / step + 12582912.0) - 12582912.0) * step
+    sign = x.to(tl.uint32, bitcast=True) & 0x80000000              # x's sign bit, so -tiny gives -0 as cvt.rn does
+    return (r.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def to_e4m3(x, EXACT: tl.constexpr):
+    if EXACT:
+        x = e4m3_grid(x)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def dot(a, b, acc, EXACT: tl.constexpr):
+    """tl.dot(a, b, acc); in the interpreter on fp32 copies (exact for e4m3 and +-1 operands): NumPy
+    multiplies fp16 (and fp8, which it widens to fp16) without BLAS, some 50x slower."""
+    if EXACT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
+               ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """One tile of BLOCK rows of one (batch, head) of X [B, H, S, D] (strides sxb, sxh, sxs, 1):
+    rotated by R / sqrt(D) (R = diag(signs) H_D, [D, D] in X's dtype) when ROTATE, stored e4m3 into
+    X8 [B, H, S, D] (contiguous) with its descale into DESCALE [B, H, cdiv(S, BLOCK)]."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid * BLOCK + tl.arange(0, BLOCK)[:, None]
+    cols = tl.arange(0, D)[None, :]
+    x = tl.load(X + b.to(tl.int64) * sxb + h * sxh + rows * sxs + cols, mask=rows < S, other=0.0)
+    if ROTATE:
+        r = tl.load(R + tl.arange(0, D)[:, None] * D + cols)
+        x = dot(x, r, tl.zeros([BLOCK, D], tl.float32), EXACT) * inv_sqrt_d   # +-1 products exact, fp32 sums
+    else:
+        x = x.to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(x), 1), 0)
+    descale = tl.where(amax > 0, amax / 448.0, 1.0)                 # an all-zero tile keeps 1
+    tl.store(X8 + bh.to(tl.int64) * S * D + rows * D + cols, to_e4m3(x / descale, EXACT), mask=rows < S)
+    tl.store(DESCALE + bh * tl.cdiv(S, BLOCK) + pid, descale)
+
+
+@triton.jit
+def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
+            BLOCK_N: tl.constexpr):
+    """BLOCK_N keys of one (batch, head) of V [B, H, S, D] (strides svb, svh, svs, 1), stored e4m3
+    transposed into VT8 [B, H, D, S_PAD] (keys contiguous), their descale into DESCALE [B, H,
+    cdiv(S, BLOCK_N)]."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    keys = pid * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
+    cols = tl.arange(0, D)[None, :]
+    v = tl.load(V + b.to(tl.int64) * svb + h * svh + keys * svs + cols, mask=keys < S, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(v), 1), 0)
+    descale = tl.where(amax > 0, amax / 448.0, 1.0)
+    v8t = to_e4m3(tl.trans(v / descale), EXACT)                     # [D, BLOCK_N]
+    keys_t = pid * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(VT8 + bh.to(tl.int64) * D * S_PAD + tl.arange(0, D)[:, None] * S_PAD + keys_t, v8t, mask=keys_t < S)
+    tl.store(DESCALE + bh * tl.cdiv(S, BLOCK_N) + pid, descale)
+
+
+@triton.jit
+def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
+    head)'s first descale). acc is in units of dv_prev, the last tile's dv."""
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        j = start_n // BLOCK_N
+        k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
+        vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)
+        qk_scale = q_scale * tl.load(DK + kv_row + j)               # scale * dq[i] * dk[j] * log2(e)
+        dv = tl.load(DV + kv_row + j)
+        s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
+        if MASKED:
+            jj = start_n + tl.arange(0, BLOCK_N)[None, :]
+            keep = jj < Skv
+            if CAUSAL:
+                keep = keep & (jj <= i + off)
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        if MASKED:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_use = m_new
+        p = tl.math.exp2(s * qk_scale - (m_use - P_LOG2)[:, None])      # P times 2^P_LOG2, in [0, 256]
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if vT.dtype == tl.float8e4nv:
+            p = to_e4m3(p, EXACT)
+        else:
+            p = p.to(vT.dtype)                                      # the tests' quantised values held in fp16
+        acc = dot(p, vT.T, acc * (alpha * (dv_prev / dv))[:, None], EXACT)
+        m_i = m_new
+        dv_prev = dv
+    return acc, m_i, l_i, dv_prev
+
+
+@triton.jit
+def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
+                  CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
+    query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.cdiv(Sq, BLOCK_M) - 1 - pid_m
+    bh, b, h, h_kv, start_m, i = vc.query_tile(pid_m, Hq, GROUP, BLOCK_M)
+    q = Q.load([b, h, start_m, 0]).reshape(BLOCK_M, D)
+    q_scale = scale * tl.load(DQ + bh * NQ + pid_m // Q_PER) * 1.4426950408889634
+    kv_row = (b * Hkv + h_kv) * NK
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    dv_prev = tl.load(DV + kv_row)                                  # the first tile's: its ratio is 1
+    off = Skv - Sq
+    end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
+                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N)
+    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
+                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N)
+
+    o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
+    o = o * dv_prev                                                 # acc was in units of the last dv
+    O.store([b, h, start_m, 0], o.to(O.dtype).reshape(1, 1, BLOCK_M, D))
+    tl.store(LSE + bh.to(tl.int64) * Sq + i, lse[:, None], mask=i < Sq)
+
+
+# ----------------------------------------------------------------------------- host
+def _descales(shape_bh, S, block, device):
+    return torch.empty((*shape_bh, triton.cdiv(S, block)), device=device, dtype=torch.float32)
+
+
+def quantize_rows(x, block, rotate):
+    """(x8, descale): x [B, H, S, D] (stride(-1) == 1) in e4m3 [B, H, S, D] with one scale per block
+    of rows, descale fp32 [B, H, cdiv(S, block)]; rotated by diag(signs) H_D / sqrt(D) when rotate.
+    One launch of quant_rows."""
+    assert x.stride(-1) == 1
+    B, H, S, D = x.shape
+    x8 = torch.empty((B, H, S, D), device=x.device, dtype=torch.float8_e4m3fn)
+    descale = _descales((B, H), S, block, x.device)
+    if S and B * H:
+        r = signed_hadamard(D, x.dtype, x.device)
+        quant_rows[(triton.cdiv(S, block), B * H)](x, x8, descale, r, S, H, x.stride(0), x.stride(1), x.stride(2),
+                                                   1.0 / math.sqrt(D), bool(rotate), EXACT_ROUND, D, block)
+    return x8, descale
+
+
+def quantize_v_transposed(v, block):
+    """(v8t, descale): v [B, H, S, D] as e4m3 V^T [B, H, D, S] (keys contiguous; rows padded to 16
+    bytes underneath, so TMA reads it in place) with one scale per block keys, descale fp32 [B, H,
+    cdiv(S, block)]. One launch of quant_v."""
+    assert v.stride(-1) == 1
+    B, H, S, D = v.shape
+    s_pad = -(-S // 16) * 16
+    v8t = torch.empty((B, H, D, s_pad), device=v.device, dtype=torch.float8_e4m3fn)[..., :S]
+    descale = _descales((B, H), S, block, v.device)
+    if S and B * H:
+        quant_v[(triton.cdiv(S, block), B * H)](v, v8t, descale, S, H, v.stride(0), v.stride(1), v.stride(2), s_pad,
+                                                EXACT_ROUND, D, block)
+    return v8t, descale
+
+
+def quantize_fp8(x, rotate=False):
+    """The kind's one-tensor quantiser (facourse.variants.bench_fp8 calls it on q, k and v alike): x
+    [B, H, S, D] in e4m3 with one scale per BLOCK_N rows (the kernel's key tile, a multiple of its
+    query tile), descale fp32 [B, H, cdiv(S, BLOCK_N)]. rotate applies M (Q and K only, both or
+    neither: Q K^T is unchanged)."""
+    return quantize_rows(x, tiles()[1], rotate)
+
+
+def quantize_qkv(q, k, v):
+    """The end-to-end path's quantisation, three launches: q per BLOCK_M rows and k per BLOCK_N rows,
+    both rotated; v transposed per BLOCK_N keys. Returns q8, dq, k8, dk, v8t, dv."""
+    BLOCK_M, BLOCK_N = tiles()[:2]
+    (q8, dq), (k8, dk) = quantize_rows(q, BLOCK_M, True), quantize_rows(k, BLOCK_N, True)
+    v8t, dv = quantize_v_transposed(v, BLOCK_N)
+    return q8, dq, k8, dk, v8t, dv
+
+
+def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype):
+    """The launch, with no device check. q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D], v8t [B, Hkv, D, Skv]
+    (stride(-1) == 1); descale_q [B, Hq, cdiv(Sq, n * BLOCK_M)] (one per n query tiles, n >= 1),
+    descale_k and descale_v [B, Hkv, cdiv(Skv, BLOCK_N)]. Returns (o, lse)."""
+    B, Hq, Sq, D = q8.shape
+    Hkv, Skv = k8.shape[1], k8.shape[2]
+    assert v8t.shape == (B, Hkv, D, Skv) and q8.stride(-1) == k8.stride(-1) == v8t.stride(-1) == 1
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    o = torch.zeros((B, Hq, Sq, D), device=q8.device, dtype=out_dtype)
+    lse = torch.full((B, Hq, Sq), -math.inf, device=q8.device, dtype=torch.float32)
+    if Sq == 0 or Skv == 0:
+        return o, lse
+    BLOCK_M, BLOCK_N, num_warps, num_stages = tiles()
+    nq, nk = descale_q.shape[-1], triton.cdiv(Skv, BLOCK_N)
+    q_per = next((n for n in (1, max(1, BLOCK_N // BLOCK_M)) if triton.cdiv(Sq, n * BLOCK_M) == nq), None)
+    assert q_per and descale_q.shape == (B, Hq, nq), \
+        f"descale_q {tuple(descale_q.shape)}: one per query tile or per key tile"
+    assert descale_k.shape == descale_v.shape == (B, Hkv, nk), "descale_k, descale_v: one per key tile"
+    q8, k8, v8t = (v5.padded_for_tma(t) for t in (q8, k8, v8t))
+    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+             for t, block in ((q8, [1, 1, BLOCK_M, D]), (k8, [1, 1, BLOCK_N, D]), (v8t, [1, 1, D, BLOCK_N]),
+                              (o, [1, 1, BLOCK_M, D]))]
+    launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
+    descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
+    fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
+        *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
+        BLOCK_M, BLOCK_N, **launch)
+    return o, lse
+
+
+def run_end_to_end(q, k, v, causal=True, scale=None):
+    """flash_attention_fp8 without the device check: the fused quantisers, then the kernel."""
+    validate_triton_inputs(q, k, v, scale)
+    q8, dq, k8, dk, v8t, dv = quantize_qkv(q, k, v)
+    return run_kernel(q8, k8, v8t, dq, dk, dv, causal, scale, q.dtype)
+
+
+def require_fp8_gpu(t):
+    if not (t.is_cuda and torch.cuda.get_device_capability(t.device) >= (8, 9)):
+        raise RuntimeError("v7_fp8_fa3 needs a GPU with FP8 tensor cores (sm_89 or later: Ada, Hopper); the tensors "
+                           f"are on {'a GPU below sm_89' if t.is_cuda else 'the CPU'}")
+
+
+def flash_attention_fp8_prequantized(q8, k8, v8t, descale_q, descale_k, descale_v, causal=True, scale=None,
+                                     out_dtype=torch.float16):
+    """The FP8 kernel on inputs already quantised (quantize_fp8 or quantize_qkv): see run_kernel."""
+    require_fp8_gpu(q8)
+    return run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype)
+
+
+def flash_attention_fp8(q, k, v, causal=True, scale=None):
+    """FP8 attention: q [B, Hq, Sq, D], k and v [B, Hkv, Skv, D] in fp16 or bf16, quantised by the
+    fused kernels (rotation, per-block scales, V transposed). Returns (o in q's dtype, lse fp32)."""
+    require_fp8_gpu(q)
+    return run_end_to_end(q, k, v, causal, scale)
+
+
+# ----------------------------------------------------------------------------- the error study
+def fa3_outlier_inputs(B, H, S, D, seed, outliers=True):
+    """q, k, v fp16 [B, H, S, D], entries N(0, 1) plus, with outliers, N(0, 100) on a Bernoulli(0.001)
+    draw of them (FlashAttention-3's section 4.3); torch.Generator().manual_seed(seed)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw():
+        x = torch.randn(B, H, S, D, generator=g)
+        if outliers:
+            x = x + 10.0 * torch.randn(B, H, S, D, generator=g) * (torch.rand(B, H, S, D, generator=g) < 1e-3)
+        return x.half()
+    return draw(), draw(), draw()
+
+
+def rotate_reference(x):
+    """x M in fp32, M = diag(signs) H_D / sqrt(D): the rotation quant_rows applies, in PyTorch."""
+    return (x.float() @ signed_hadamard(x.shape[-1])) * (1.0 / math.sqrt(x.shape[-1]))
+
+
+def quantized_by(q, k, v, how):
+    """(q8, dq, k8, dk, v8t, dv) as the kernel takes them. how: "per_tensor" (v5's quantize_fp8, its
+    per-(batch, head) descales repeated for every tile), "per_tensor_rotated" (the same after Q M and K
+    M), "per_block" (this rung's kernels without the rotation) or "per_block_rotated" (quantize_qkv)."""
+    BLOCK_M, BLOCK_N = tiles()[:2]
+    if how.startswith("per_tensor"):
+        rot = how.endswith("rotated")
+        (q8, dq), (k8, dk), (v8, dv) = (v5.quantize_fp8(rotate_reference(t) if rot and t is not v else t)
+                                        for t in (q, k, v))
+        nq, nk = triton.cdiv(q.shape[2], BLOCK_M), triton.cdiv(k.shape[2], BLOCK_N)
+        return (q8, dq[..., None].expand(-1, -1, nq), k8, dk[..., None].expand(-1, -1, nk),
+                v8.transpose(-1, -2).contiguous(), dv[..., None].expand(-1, -1, nk))
+    if how == "per_block":
+        (q8, dq), (k8, dk) = quantize_rows(q, BLOCK_M, False), quantize_rows(k, BLOCK_N, False)
+        return (q8, dq, k8, dk, *quantize_v_transposed(v, BLOCK_N))
+    assert how == "per_block_rotated", how
+    return quantize_qkv(q, k, v)
+
+
+HOWS = ("per_tensor", "per_tensor_rotated", "per_block", "per_block_rotated")
+
+
+def rmse_of(q, k, v, how, causal=False):
+    """RMSE of O (fp16, this kernel on the quantised inputs) against float64 attention of q, k, v."""
+    from facourse.reference import reference_attention
+    q8, dq, k8, dk, v8t, dv = quantized_by(q, k, v, how)
+    o, _ = run_kernel(q8, k8, v8t, dq, dk, dv, causal, None, q.dtype)
+    ref, _ = reference_attention(q.double(), k.double(), v.double(), causal)
+    return float((o.double() - ref).pow(2).mean().sqrt())
+
+
+def error_study(B=1, H=4, S=2048, D=128, seeds=(0, 1), kinds=("outliers", "gaussian"), causal=False):
+    """The results file's text: RMSE of O per quantisation, on FA3's outlier inputs and on N(0, 1), with
+    the GPU's tiles (TILES: the quantisation blocks the GPU path uses)."""
+    import datetime
+    import platform
+    import time
+
+    import numpy
+    global FORCE_TILES
+    FORCE_TILES = TILES
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+               platform.machine())
+    lines = [
+        f"# FP8 attention error measured on a CPU (no GPU), step 10 rung v7_fp8_fa3; {datetime.date.today()}",
+        f"# device: CPU ({cpu}, {platform.machine()}), Triton's interpreter (TRITON_INTERPRET=1); no timing. "
+        f"Python {platform.python_version()}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"numpy {numpy.__version__}",
+        f"# shape: B {B}, H {H}, Sq = Skv = {S}, D {D}, {'causal' if causal else 'non-causal'}, fp16 inputs; "
+        f"tiles BLOCK_M x BLOCK_N = {tiles()[0]} x {tiles()[1]} (the GPU's; per-block scales: {tiles()[0]} rows of Q, "
+        f"{tiles()[1]} of K and V)",
+        "# inputs: fa3_outlier_inputs(B, H, S, D, seed): each entry N(0,1) + N(0,100) * Bernoulli(0.001) (outliers) "
+        f"or N(0,1) (gaussian), q, k, v drawn in that order from torch.Generator().manual_seed(seed); seeds "
+        f"{list(seeds)}; rotation signs from SIGN_SEED {SIGN_SEED}",
+        "# method: O from this rung's kernel (fp8_block_fwd) run in the interpreter, e4m3 rounded to nearest even "
+        "as on a GPU (EXACT_ROUND), P cast to e4m3 unscaled, fp32 accumulation; RMSE = sqrt(mean((O - O_ref)^2)), "
+        "O_ref float64 attention of the fp16 inputs. per_tensor: v5's quantize_fp8 (one scale per (batch, head)) "
+        "through this kernel; per_block: one scale per tile of rows; _rotated: Q and K times diag(signs) H_D / "
+        "sqrt(D) first (per_block_rotated is flash_attention_fp8's path).",
+        "# inputs    seed  " + "  ".join(f"{h:>19}" for h in HOWS),
+    ]
+    try:
+        for kind in kinds:
+            for seed in seeds:
+                q, k, v = fa3_outlier_inputs(B, H, S, D, seed, kind == "outliers")
+                t0 = time.time()
+                errs = [rmse_of(q, k, v, how, causal) for how in HOWS]
+                lines.append(f"{kind:<9} {seed:>5}  " + "  ".join(f"{e:>19.3e}" for e in errs)
+                             + f"   # {time.time() - t0:.0f} s")
+    finally:
+        FORCE_TILES = None
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    # the committed record: python solutions/10_attention_variants/ladder/v7_fp8_fa3.py > FILE
+    print(error_study(), end="")
+    print(error_study(H=1, S=8192, seeds=(0,), kinds=("outliers",)), end="")

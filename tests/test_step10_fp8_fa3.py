@@ -1,0 +1,261 @@
+"""Step 10's rung v7_fp8_fa3 (FP8 as FlashAttention-3 quantises it) in Triton's interpreter.
+
+One subprocess (TRITON_INTERPRET=1 before triton is imported) runs every check and reports it:
+
+* The fused quantisers against the same math in PyTorch on ragged shapes (150 rows, D 64 and 128):
+  e4m3 bytes and descales equal for fp16 inputs, rotated or not, and for V transposed; for fp32 inputs
+  the rotation's fp32 sums are ordered differently (tl.dot against torch's matmul), so a code may
+  move by one e4m3 step.
+* The kernel's logic exactly: the quantised values held in fp16, block scales that differ by up to
+  1e4 between tiles (a descale read for the wrong tile is far off), causal, GQA, Sq != Skv, rows that
+  see no key, and one query scale per two query tiles (the kind's quantize_fp8 path).
+* The kind's checker, facourse.variants.check_fp8, on every case facourse/kinds/fp8.py lists (CPU sizes,
+  fp16), through the fused quantisers and the kernel.
+* The rotation cuts the RMSE of O on FlashAttention-3's outlier inputs (N(0,1) + N(0,100) on 0.1 % of
+  entries) against per-block scales alone, and does not hurt on N(0,1).
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT
+from ladder_helpers import run_in_interpreter
+
+LADDER = ROOT / "solutions" / "10_attention_variants" / "ladder"
+
+SCRIPT = """
+    import facourse.variants as V
+    from facourse.kinds.fp8 import KIND
+
+    sys.path.insert(0, str(LADDER))
+    v7 = load("v7_fp8_fa3")
+
+    def attempt(fn, **kw):
+        t0 = time.time()
+        try:
+            out = fn() or {}
+            err = None
+        except Exception:
+            out, err = {}, traceback.format_exc()[-2500:]
+        report(error=err, seconds=round(time.time() - t0, 2), **kw, **out)
+
+    def ref_rows(x, block, rotate):
+        B, H, S, D = x.shape
+        xf = v7.rotate_reference(x) if rotate else x.float()
+        n = -(-S // block)
+        tiles = torch.zeros(B, H, n * block, D)
+        tiles[:, :, :S] = xf
+        amax = tiles.reshape(B, H, n, block * D).abs().amax(-1)
+        d = torch.where(amax > 0, amax / 448.0, torch.ones(()))
+        x8 = (tiles / d.repeat_interleave(block, -1)[..., None])[:, :, :S].to(torch.float8_e4m3fn)
+        return x8, d
+
+    gen = torch.Generator().manual_seed(36)
+
+    # ------------------------------------------------------------------ the quantisers
+    for dtype in ("float16", "float32"):
+        for D in (64, 128):
+            for rotate in (False, True):
+                def quantiser():
+                    x = torch.randn(2, 3, 150, D, generator=gen).to(getattr(torch, dtype))
+                    x[1, 2, 7, 3] = 40.0                                   # one outlier tile
+                    x[0, 1, 64:128] = 0                                    # an all-zero tile: descale 1
+                    x8, d = v7.quantize_rows(x, 64, rotate)
+                    r8, rd = ref_rows(x, 64, rotate)
+                    assert x8.dtype == torch.float8_e4m3fn and x8.shape == x.shape and d.shape == (2, 3, 3)
+                    a, b = x8.view(torch.uint8).int(), r8.view(torch.uint8).int()
+                    moved = int((a != b).sum())
+                    if dtype == "float16" or not rotate:
+                        assert moved == 0 and torch.equal(d, rd), f"{moved} codes differ"
+                    else:
+                        # same sign, neighbouring codes: one e4m3 step
+                        assert bool(((a - b).abs() <= 1).all()) and bool(((a ^ b) & 0x80 == 0).all())
+                        assert torch.allclose(d, rd, rtol=1e-6, atol=0)
+                    return {"moved": moved}
+                attempt(quantiser, kind="quantiser", case=f"{dtype}_d{D}_{'rotated' if rotate else 'plain'}")
+
+    def quantiser_v():
+        v = torch.randn(2, 3, 150, 64, generator=gen).half()
+        v[0, 0, 70] *= 30
+        vt, dv = v7.quantize_v_transposed(v, 64)
+        r8, rd = ref_rows(v, 64, False)
+        assert vt.shape == (2, 3, 64, 150) and vt.stride(-1) == 1 and vt.stride(-2) % 16 == 0
+        assert torch.equal(vt.view(torch.uint8), r8.transpose(-1, -2).view(torch.uint8)) and torch.equal(dv, rd)
+    attempt(quantiser_v, kind="quantiser", case="v_transposed")
+
+    def rotation_is_orthogonal():
+        for D in (64, 128):
+            m = v7.signed_hadamard(D).double() / math.sqrt(D)
+            assert torch.allclose(m @ m.T, torch.eye(D, dtype=torch.float64), atol=1e-12)
+            assert not torch.equal(v7.signed_hadamard(D), v7.hadamard(D)), "no random signs"
+    attempt(rotation_is_orthogonal, kind="quantiser", case="orthogonal")
+
+    # ------------------------------------------------------------------ the kernel's logic
+    def block_scaled(B, H, S, D, factors):
+        # every tile of 64 rows times its own factor: the per-block descales differ by up to 1e4
+        x = torch.randn(B, H, S, D, generator=gen)
+        f = torch.tensor(factors)[torch.arange(S) // 64 % len(factors)]
+        return (x * f[:, None]).half()
+
+    def dequantised(x8, d, block):
+        return x8.double() * d.double().repeat_interleave(block, -1)[..., :x8.shape[-2], None]
+
+    def dq_block(Sq, dq):
+        # quantize_rows takes BLOCK_M rows of Q, the kind's quantize_fp8 BLOCK_N
+        return next(b for b in v7.tiles()[:2] if -(-Sq // b) == dq.shape[-1])
+
+    LOGIC = {"causal_gqa_80x200": (1, 4, 2, 80, 200, True, (32, 64, 4, 1)),
+             "causal_200x80_empty_rows": (1, 2, 1, 200, 80, True, None),
+             "full_130x150": (2, 2, 2, 130, 150, False, None)}
+    for name, (B, Hq, Hkv, Sq, Skv, causal, force) in LOGIC.items():
+        for rotate in (False, True):
+            def logic():
+                v7.FORCE_TILES = force
+                try:
+                    BLOCK_M, BLOCK_N = v7.tiles()[:2]
+                    q = block_scaled(B, Hq, Sq, 64, [1.0, 0.1, 3.0])
+                    k = block_scaled(B, Hkv, Skv, 64, [0.2, 2.0, 0.05])
+                    v = block_scaled(B, Hkv, Skv, 64, [1.0, 0.01, 50.0])
+                    if force:      # the kind's path: quantize_fp8 on each tensor, one q scale per key tile
+                        (q8, dq), (k8, dk), (v8, dv) = (v7.quantize_fp8(t, rotate=rotate and t is not v)
+                                                        for t in (q, k, v))
+                        v8t = v8.transpose(-1, -2).contiguous()
+                        assert dq.shape[-1] == -(-Sq // BLOCK_N) != -(-Sq // BLOCK_M)
+                    else:
+                        q8, dq = v7.quantize_rows(q, BLOCK_M, rotate)
+                        k8, dk = v7.quantize_rows(k, BLOCK_N, rotate)
+                        v8t, dv = v7.quantize_v_transposed(v, BLOCK_N)
+                    q_d = dequantised(q8, dq, dq_block(Sq, dq))
+                    k_d = dequantised(k8, dk, BLOCK_N)
+                    v_d = dequantised(v8t.transpose(-1, -2), dv, BLOCK_N)
+                    o_ref, lse_ref = V.variant_reference(q_d, k_d, v_d, V.causal(Sq, Skv) if causal else None)
+                    # the quantised values held in fp16 (exact): everything but P's rounding to e4m3
+                    o, lse = v7.run_kernel(q8.half(), k8.half(), v8t.half(), dq, dk, dv, causal, None, torch.float16)
+                    empty = lse_ref == -math.inf
+                    assert torch.equal(lse == -math.inf, empty) and bool((o[empty] == 0).all())
+                    err = ((o.double() - o_ref).abs().max() / o_ref.abs().max()).item()
+                    assert err < 2e-3, f"max |o - ref| / max |ref| = {err:.2e}"
+                    assert (lse - lse_ref)[~empty].abs().max() < 2e-3
+                    # e4m3 throughout, the same inputs: P's rounding costs a few percent
+                    o8, _ = v7.run_kernel(q8, k8, v8t, dq, dk, dv, causal, None, torch.float16)
+                    rel = ((o8.double() - o_ref).norm() / o_ref.norm()).item()
+                    assert rel < V.FP8_REL_BOUND, f"e4m3: relative error {rel:.3f}"
+                    return {"max_err": err, "rel_e4m3": rel}
+                finally:
+                    v7.FORCE_TILES = None
+            attempt(logic, kind="logic", case=f"{name}_{'rotated' if rotate else 'plain'}")
+
+    # ------------------------------------------------------------------ the kind's checker
+    for case in KIND.check_cases(None, None, None):
+        def check():
+            return V.check_fp8(v7.run_end_to_end, case, seed=36, device="cpu", dtype=torch.float16, verbose=False)
+        attempt(check, kind="check_fp8", case=case)
+
+    def refuses_cpu():
+        q = torch.randn(1, 1, 16, 64, dtype=torch.float16)
+        r = v7.quantize_qkv(q, q, q)
+        for fn in (lambda: v7.flash_attention_fp8(q, q, q),
+                   lambda: v7.flash_attention_fp8_prequantized(*r[::2], *r[1::2])):
+            try:
+                fn()
+            except RuntimeError as e:
+                assert "sm_89" in str(e), e
+            else:
+                raise AssertionError("ran on a CPU")
+    attempt(refuses_cpu, kind="entry", case="refuses_cpu")
+
+    # ------------------------------------------------------------------ the error on FA3's inputs
+    for outliers in (True, False):
+        def rmse():
+            q, k, v = v7.fa3_outlier_inputs(1, 2, 512, 128, seed=0, outliers=outliers)
+            return {how: v7.rmse_of(q, k, v, how) for how in v7.HOWS}
+        attempt(rmse, kind="rmse", case="outliers" if outliers else "gaussian")
+"""
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_in_interpreter(LADDER, "fp8fa3_", SCRIPT)
+
+
+def _one(results, **key):
+    (got,) = [r for r in results if all(r.get(k) == v for k, v in key.items())]
+    assert got["error"] is None, got["error"]
+    return got
+
+
+@pytest.mark.parametrize("case", [f"{dt}_d{D}_{how}" for dt in ("float16", "float32") for D in (64, 128)
+                                  for how in ("plain", "rotated")] + ["v_transposed", "orthogonal"])
+def test_quantiser_matches_pytorch(results, case):
+    _one(results, kind="quantiser", case=case)
+
+
+@pytest.mark.parametrize("case", [f"{c}_{how}" for c in ("causal_gqa_80x200", "causal_200x80_empty_rows",
+                                                          "full_130x150") for how in ("plain", "rotated")])
+def test_kernel_per_block_descales(results, case):
+    _one(results, kind="logic", case=case)
+
+
+@pytest.mark.parametrize("case", ["small", "medium", "large", "noncausal", "asymmetric", "ragged",
+                                  "ragged_noncausal", "decode", "empty_rows", "d64", "mqa"])
+def test_kind_checker(results, case):
+    _one(results, kind="check_fp8", case=case)
+
+
+def test_kind_checker_covers_the_kinds_cases(results):
+    from facourse.kinds.fp8 import KIND
+    assert {r["case"] for r in results if r["kind"] == "check_fp8"} == set(KIND.check_cases(None, None, None))
+
+
+def test_entry_points_refuse_a_cpu(results):
+    _one(results, kind="entry", case="refuses_cpu")
+
+
+def test_rotation_cuts_the_error_on_outlier_inputs(results):
+    out = _one(results, kind="rmse", case="outliers")
+    # FA3's finding: per-block scales alone barely help, the rotation does
+    assert out["per_block_rotated"] < 0.85 * out["per_block"], out
+    assert out["per_block_rotated"] < 0.85 * out["per_tensor"], out
+    assert out["per_block_rotated"] < 9.1e-3, out        # the issue's bar, here at 512 x 512
+    gauss = _one(results, kind="rmse", case="gaussian")
+    assert gauss["per_block_rotated"] < 1.1 * gauss["per_tensor"], gauss
+
+
+COMPILE = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"            # the GPU path: no e4m3 emulation, fp8 dots
+sys.path.insert(0, sys.argv[1])
+import triton
+from triton.backends.compiler import GPUTarget
+import v7_fp8_fa3 as v7
+
+def compile90(fn, types, const):
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
+                                    constexprs={(names.index(k),): v for k, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+
+BM, BN, D = v7.TILES[0], v7.TILES[1], 128
+compile90(v7.quant_rows, {"X": "*fp16", "X8": "*fp8e4nv", "DESCALE": "*fp32", "R": "*fp16", "inv_sqrt_d": "fp32"},
+          {"ROTATE": True, "EXACT": False, "D": D, "BLOCK": BN})
+compile90(v7.quant_v, {"V": "*bf16", "VT8": "*fp8e4nv", "DESCALE": "*fp32"}, {"EXACT": False, "D": D, "BLOCK_N": BN})
+desc = lambda dt, r, c: f"tensordesc<{dt}[1, 1, {r}, {c}]>"
+compile90(v7.fp8_block_fwd, {"Q": desc("fp8e4nv", BM, D), "K": desc("fp8e4nv", BN, D), "VT": desc("fp8e4nv", D, BN),
+                             "O": desc("fp16", BM, D), "LSE": "*fp32", "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32",
+                             "scale": "fp32"},
+          {"CAUSAL": True, "GROUP": 4, "Q_PER": 2, "EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN})
+print("compiled")
+"""
+
+
+def test_the_gpu_path_compiles_for_sm90():
+    # the interpreter runs the EXACT branches; Triton's compiler checks the others for Hopper (no GPU needed)
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    r = subprocess.run([sys.executable, "-c", COMPILE, str(LADDER)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
