@@ -43,3 +43,10 @@ def run_in_interpreter(ladder: Path, prefix: str, body: str) -> list[dict]:
     out = [json.loads(ln[len("RESULT "):]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and out, r.stdout[-3000:] + r.stderr[-3000:]
     return out
+
+
+def one_result(results: list[dict], **key) -> dict:
+    """The one result whose fields match ``key``, asserting that it reported no error."""
+    (got,) = [r for r in results if all(r.get(k) == v for k, v in key.items())]
+    assert got["error"] is None, got["error"]
+    return got

@@ -19,7 +19,7 @@ from conftest import load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-NAME = re.compile(r"\d{4}-\d{2}-\d{2}_(?P<device>[a-z]\d+)_(?P<what>.+?)(?:\.\w+)?$")
+NAME = re.compile(r"\d{4}-\d{2}-\d{2}_(?P<device>[a-z]\d+|cpu)_(?P<what>.+?)(?:\.\w+)?$")
 STEPS = re.compile(r"(?:step|selftest|lectures)((?:_?\d{2})+)(?!\d)")
 GPU = re.compile(r"(?<![\w/])([A-Z]\d{2,4})(?!\d)")      # H100, H200: a model, not "sm_90" or "FA2"
 SM = re.compile(r"sm_(\d+)a?\b")
@@ -42,6 +42,9 @@ def results() -> list[tuple[str, str, set[str]]]:
     for p in sorted(RESULTS.iterdir()):
         m = NAME.fullmatch(p.name)
         assert m, f"{p.name}: a result's name is DATE_DEVICE_WHAT"
+        if m["device"] == "cpu":                  # measured on a CPU: no GPU ran it
+            assert re.search(r"\bCPU\b", _gpu_text(p)), f"{p.name}: its content does not say CPU"
+            continue
         gpu = m["device"].upper()
         assert re.search(rf"\b{gpu}\b", _gpu_text(p)), f"{p.name}: its content does not name the {gpu} of its name"
         steps = {s for g in STEPS.findall(m["what"]) for s in re.findall(r"\d{2}", g)}

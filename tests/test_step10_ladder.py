@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import ROOT
-from ladder_helpers import run_in_interpreter
+from ladder_helpers import one_result, run_in_interpreter
 
 LADDER = ROOT / "solutions" / "10_attention_variants" / "ladder"
 RUNGS = ["v1_dense_mask", "v2_mask_fn", "v3_block_mask", "v4_tuned"]
@@ -217,27 +217,22 @@ def results():
     return run_in_interpreter(LADDER, "ladder10_", SCRIPT)
 
 
-def _one(results, **key):
-    (got,) = [r for r in results if all(r.get(k) == v for k, v in key.items())]
-    assert got["error"] is None, got["error"]
-
-
 @pytest.mark.parametrize("rung,case,dtype", CHECKS)
 def test_variant_matches_reference(results, rung, case, dtype):
-    _one(results, kind="variant", rung=rung, case=case, dtype=dtype)
+    one_result(results, kind="variant", rung=rung, case=case, dtype=dtype)
 
 
 @pytest.mark.parametrize("case", ["causal", "window16_80x48", "documents", "prefix_lm", "no_mask"])
 def test_build_block_mask_classes(results, case):
-    _one(results, kind="classes", case=case)
+    one_result(results, kind="classes", case=case)
 
 
 @pytest.mark.parametrize("rung", ["v3_block_mask", "v4_tuned"])
 @pytest.mark.parametrize("case", TAMPERED)
 def test_visits_exactly_the_listed_tiles(results, rung, case):
-    _one(results, kind="tampered", rung=rung, case=case)
+    one_result(results, kind="tampered", rung=rung, case=case)
 
 
 @pytest.mark.parametrize("case", ["causal_gqa_80x48", "causal_48x80", "full_70x100", "refuses_cpu"])
 def test_fp8(results, case):
-    _one(results, kind="fp8", case=case)
+    one_result(results, kind="fp8", case=case)

@@ -61,6 +61,25 @@ FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num
 
 
 @triton.jit
+def masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """(S, new row max, the max to subtract): S's keys past Skv and, causal, past the diagonal at -inf
+    on a MASKED tile; the row max in log2 units."""
+    if MASKED:
+        j = start_n + tl.arange(0, BLOCK_N)[None, :]
+        keep = j < Skv
+        if CAUSAL:
+            keep = keep & (j <= i + off)
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)       # a row that has seen no key yet
+    else:
+        m_use = m_new                                               # finite: the tile's keys are all seen
+    return s, m_new, m_use
+
+
+@triton.jit
 def fp8_tiles(acc, m_i, l_i, q, K, VT, b, h_kv, i, lo, hi, Skv, off, qk_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key tiles [lo, hi) of one query tile. MASKED tiles check the bounds and, causal, the diagonal."""
@@ -68,17 +87,7 @@ def fp8_tiles(acc, m_i, l_i, q, K, VT, b, h_kv, i, lo, hi, Skv, off, qk_scale,
         k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)              # K_j [BLOCK_N, D]; rows past Skv: 0
         vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)            # V_j^T [D, BLOCK_N]; likewise
         s = tl.dot(q, k.T)                                          # FP8 x FP8 -> fp32
-        if MASKED:
-            j = start_n + tl.arange(0, BLOCK_N)[None, :]
-            keep = j < Skv
-            if CAUSAL:
-                keep = keep & (j <= i + off)
-            s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        if MASKED:
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row that has seen no key yet
-        else:
-            m_use = m_new                                           # finite: the tile's keys are all seen
+        s, m_new, m_use = masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
         p = tl.math.exp2(s * qk_scale - m_use[:, None])             # one FMA; in [0, 1]: e4m3 needs no scale
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -143,22 +152,35 @@ def padded_for_tma(t):
     return padded.copy_(t)
 
 
+def outputs(q8, k8, v8t, scale, out_dtype):
+    """(scale, o, lse) of a launch, its shapes checked: o zeros and lse -inf, what an empty side leaves."""
+    B, Hq, Sq, D = q8.shape
+    Hkv, Skv = k8.shape[1], k8.shape[2]
+    assert v8t.shape == (B, Hkv, D, Skv) and q8.stride(-1) == k8.stride(-1) == v8t.stride(-1) == 1
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    return (scale, torch.zeros((B, Hq, Sq, D), device=q8.device, dtype=out_dtype),
+            torch.full((B, Hq, Sq), -math.inf, device=q8.device, dtype=torch.float32))
+
+
+def descriptors(q8, k8, v8t, o, BLOCK_M, BLOCK_N):
+    """The host tensor descriptors of q8, k8 and v8t (padded for TMA) and of o, in the kernel's tiles."""
+    D = q8.shape[-1]
+    q8, k8, v8t = (padded_for_tma(t) for t in (q8, k8, v8t))
+    return [TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+            for t, block in ((q8, [1, 1, BLOCK_M, D]), (k8, [1, 1, BLOCK_N, D]), (v8t, [1, 1, D, BLOCK_N]),
+                             (o, [1, 1, BLOCK_M, D]))]
+
+
 def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype):
     """The launch, with no device check. q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D] (stride(-1) == 1),
     v8t [B, Hkv, D, Skv] (stride(-1) == 1), descales fp32 [B, Hq] and [B, Hkv]. Returns (o, lse)."""
     B, Hq, Sq, D = q8.shape
     Hkv, Skv = k8.shape[1], k8.shape[2]
-    assert v8t.shape == (B, Hkv, D, Skv) and q8.stride(-1) == k8.stride(-1) == v8t.stride(-1) == 1
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    o = torch.zeros((B, Hq, Sq, D), device=q8.device, dtype=out_dtype)
-    lse = torch.full((B, Hq, Sq), -math.inf, device=q8.device, dtype=torch.float32)
+    scale, o, lse = outputs(q8, k8, v8t, scale, out_dtype)
     if Sq == 0 or Skv == 0:
         return o, lse
     BLOCK_M, BLOCK_N, num_warps, num_stages = FORCE_TILES or (INTERPRET_TILES if INTERPRET else TILES)
-    q8, k8, v8t = (padded_for_tma(t) for t in (q8, k8, v8t))
-    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block)
-             for t, block in ((q8, [1, 1, BLOCK_M, D]), (k8, [1, 1, BLOCK_N, D]), (v8t, [1, 1, D, BLOCK_N]),
-                              (o, [1, 1, BLOCK_M, D]))]
+    descs = descriptors(q8, k8, v8t, o, BLOCK_M, BLOCK_N)
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
     descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](

@@ -40,7 +40,7 @@ reads one q scale per Q_PER query tiles) and rotates nothing unless asked; the t
 kernel. flash_attention_fp8 runs quantize_qkv (rotation, BLOCK_M-row blocks of Q, V transposed).
 
 The error, measured on a CPU with this kernel in the interpreter (``error_study``; the record is
-benchmarks/results_cpu/2026-11-27_cpu_step10_fp8_error.txt, made by running this file): on FA3's
+benchmarks/results/2026-11-27_cpu_step10_fp8_error.txt, made by running this file): on FA3's
 outlier inputs the rotation is what cuts the RMSE of O, per-block scales alone barely move it, as in
 FA3's Table 3 ablation; on N(0, 1) all four quantisations give the same RMSE.
 
@@ -60,7 +60,6 @@ import v5_fp8 as v5  # noqa: E402  (sets up the interpreter without a GPU, befor
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from facourse.triton_setup import validate_triton_inputs  # noqa: E402
 
@@ -136,15 +135,19 @@ def dot(a, b, acc, EXACT: tl.constexpr):
 
 
 @triton.jit
+def tile_of(H):
+    """(row tile, batch x head, batch, head) of a quantiser's program: grid (tiles, B * H)."""
+    bh = tl.program_id(1)
+    return tl.program_id(0), bh, bh // H, bh % H
+
+
+@triton.jit
 def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
                ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     """One tile of BLOCK rows of one (batch, head) of X [B, H, S, D] (strides sxb, sxh, sxs, 1):
     rotated by R / sqrt(D) (R = diag(signs) H_D, [D, D] in X's dtype) when ROTATE, stored e4m3 into
     X8 [B, H, S, D] (contiguous) with its descale into DESCALE [B, H, cdiv(S, BLOCK)]."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    pid, bh, b, h = tile_of(H)
     rows = pid * BLOCK + tl.arange(0, BLOCK)[:, None]
     cols = tl.arange(0, D)[None, :]
     x = tl.load(X + b.to(tl.int64) * sxb + h * sxh + rows * sxs + cols, mask=rows < S, other=0.0)
@@ -165,10 +168,7 @@ def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D:
     """BLOCK_N keys of one (batch, head) of V [B, H, S, D] (strides svb, svh, svs, 1), stored e4m3
     transposed into VT8 [B, H, D, S_PAD] (keys contiguous), their descale into DESCALE [B, H,
     cdiv(S, BLOCK_N)]."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    pid, bh, b, h = tile_of(H)
     keys = pid * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
     cols = tl.arange(0, D)[None, :]
     v = tl.load(V + b.to(tl.int64) * svb + h * svh + keys * svs + cols, mask=keys < S, other=0.0).to(tl.float32)
@@ -193,17 +193,7 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
         qk_scale = q_scale * tl.load(DK + kv_row + j)               # scale * dq[i] * dk[j] * log2(e)
         dv = tl.load(DV + kv_row + j)
         s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
-        if MASKED:
-            jj = start_n + tl.arange(0, BLOCK_N)[None, :]
-            keep = jj < Skv
-            if CAUSAL:
-                keep = keep & (jj <= i + off)
-            s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        if MASKED:
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_use = m_new
+        s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
         p = tl.math.exp2(s * qk_scale - (m_use - P_LOG2)[:, None])      # P times 2^P_LOG2, in [0, 256]
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -306,10 +296,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     descale_k and descale_v [B, Hkv, cdiv(Skv, BLOCK_N)]. Returns (o, lse)."""
     B, Hq, Sq, D = q8.shape
     Hkv, Skv = k8.shape[1], k8.shape[2]
-    assert v8t.shape == (B, Hkv, D, Skv) and q8.stride(-1) == k8.stride(-1) == v8t.stride(-1) == 1
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    o = torch.zeros((B, Hq, Sq, D), device=q8.device, dtype=out_dtype)
-    lse = torch.full((B, Hq, Sq), -math.inf, device=q8.device, dtype=torch.float32)
+    scale, o, lse = v5.outputs(q8, k8, v8t, scale, out_dtype)
     if Sq == 0 or Skv == 0:
         return o, lse
     BLOCK_M, BLOCK_N, num_warps, num_stages = tiles()
@@ -318,10 +305,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     assert q_per and descale_q.shape == (B, Hq, nq), \
         f"descale_q {tuple(descale_q.shape)}: one per query tile or per key tile"
     assert descale_k.shape == descale_v.shape == (B, Hkv, nk), "descale_k, descale_v: one per key tile"
-    q8, k8, v8t = (v5.padded_for_tma(t) for t in (q8, k8, v8t))
-    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block)
-             for t, block in ((q8, [1, 1, BLOCK_M, D]), (k8, [1, 1, BLOCK_N, D]), (v8t, [1, 1, D, BLOCK_N]),
-                              (o, [1, 1, BLOCK_M, D]))]
+    descs = v5.descriptors(q8, k8, v8t, o, BLOCK_M, BLOCK_N)
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
     descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
@@ -431,7 +415,8 @@ def error_study(B=1, H=4, S=2048, D=128, seeds=(0, 1), kinds=("outliers", "gauss
         f"or N(0,1) (gaussian), q, k, v drawn in that order from torch.Generator().manual_seed(seed); seeds "
         f"{list(seeds)}; rotation signs from SIGN_SEED {SIGN_SEED}",
         "# method: O from this rung's kernel (fp8_block_fwd) run in the interpreter, e4m3 rounded to nearest even "
-        "as on a GPU (EXACT_ROUND), P cast to e4m3 unscaled, fp32 accumulation; RMSE = sqrt(mean((O - O_ref)^2)), "
+        "as on a GPU (EXACT_ROUND), P times 2^P_LOG2 = 256 cast to e4m3, fp32 accumulation; "
+        "RMSE = sqrt(mean((O - O_ref)^2)), "
         "O_ref float64 attention of the fp16 inputs. per_tensor: v5's quantize_fp8 (one scale per (batch, head)) "
         "through this kernel; per_block: one scale per tile of rows; _rotated: Q and K times diag(signs) H_D / "
         "sqrt(D) first (per_block_rotated is flash_attention_fp8's path).",
