@@ -12,7 +12,7 @@ def test_the_sample_steps_grade_the_demos_students(tmp_path, capsys):
     assert tool.main(["--dry-run", "--steps", "01", "09", "12", "--work", str(tmp_path)]) == 0
     assert "built 9 submissions" in capsys.readouterr().out       # no "slow" for a sample step
     sub = tmp_path / "submitted"
-    for role, sample in tool.SAMPLE_OF.items():
+    for role, sample in {"correct": "alice", "stub": "bob", "bug": "carol"}.items():   # as the guide says
         for a in ("01_vanilla_attention", "09_decode_paged_kv", "12_ring_attention"):
             (nb,) = (sub / role / a).iterdir()
             want = ROOT / "autograder" / "samples" / sample / a / nb.name
