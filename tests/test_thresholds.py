@@ -29,10 +29,10 @@ def perf_steps() -> list[str]:
     return [a for a in PLANS if any(t.startswith("perf_") for t in plan_of(a))]
 
 
-def solution_ratios(gpu: str) -> dict[str, tuple[str, list[float]]]:
+def solution_ratios(gpu: str, results: Path = RESULTS) -> dict[str, tuple[str, list[float]]]:
     """{step id: (file, ratios)} from the newest self-test file of ``gpu`` that has the step's solution rows."""
     found: dict[str, tuple[str, list[float]]] = {}
-    for f in sorted(RESULTS.glob(f"*_{gpu}_gpu_selftest*.txt"), reverse=True):
+    for f in sorted(results.glob(f"*_{gpu}_gpu_selftest*.txt"), reverse=True):
         rows: dict[str, list[float]] = {}
         for line in f.read_text().splitlines():
             m = LINE.match(line)
@@ -79,11 +79,10 @@ def test_the_self_test_fails_a_solution_without_the_margin(capsys):
     assert gpu_selftest._margins([dict(row, case="step 07 tuned")]) == []    # not the exercise's solution
 
 
-def test_a_printed_row_is_read_back(tmp_path, monkeypatch):
+def test_a_printed_row_is_read_back(tmp_path):
     text = "large: 249 TFLOP/s against SDPA FLASH_ATTENTION 308: 0.81x; thresholds min 0.45 (half the points)"
     rows = [gpu_selftest.line(True, "step 06 solution", "perf_large", f"2/2  {text}"),
             gpu_selftest.line(True, "step 06 tuned", "perf_large", "2/2  large: 1.50x"),
             gpu_selftest.line(True, "step 06 solution", "margin perf_large", "0.81x; target 0.65 <= 0.69")]
     (tmp_path / "2030-01-01_h100_gpu_selftest.txt").write_text("\n".join(rows) + "\n")
-    monkeypatch.setattr(__import__(__name__), "RESULTS", tmp_path)
-    assert solution_ratios("h100") == {"06": ("2030-01-01_h100_gpu_selftest.txt", [0.81])}
+    assert solution_ratios("h100", tmp_path) == {"06": ("2030-01-01_h100_gpu_selftest.txt", [0.81])}
