@@ -2,6 +2,7 @@
 
     PYTHONPATH=src:. python -m benchmarks.ladder STEP [--only RUNGS] [--quick] [--out DIR]
     PYTHONPATH=src:. python -m benchmarks.ladder STEP --check-only          # every rung's checks, fp16, no timing
+    PYTHONPATH=src:. python -m benchmarks.ladder 10 --only v6_hopper_window --methods   # + do_bench and events
     PYTHONPATH=src:. python -m benchmarks.ladder 06 --sanitize [--only v6_fa2_tiles_lazy] [--checks small,ragged]
     PYTHONPATH=src:. python -m benchmarks.ladder 12 [--only RUNGS] [--quick] [--cpu-smoke]
     PYTHONPATH=src:. python -m benchmarks.ladder 11 --traces [--quick]
@@ -196,6 +197,7 @@ def run(m: dict, names: list[str], a: argparse.Namespace, out: Path) -> tuple[di
         save()
     flags = (["--quick"] if a.quick else []) + (["--checks", a.checks] if a.checks else [])
     flags += ["--no-bench"] if a.no_bench else []
+    flags += ["--methods"] if a.methods else []
     for n in names:
         if "error" in d["rungs"][n]:
             continue
@@ -236,6 +238,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sanitize", action="store_true", help="compute-sanitizer over a CUDA rung's checks")
     ap.add_argument("--checks", default="", help="configurations to check (default: the plan's)")
     ap.add_argument("--no-bench", action="store_true", help="checks only")
+    ap.add_argument("--methods", action="store_true",
+                    help="also time every bench row with do_bench back to back and with events without the spin "
+                         "(the row's ratio_methods): for a ratio near its bar")
     ap.add_argument("--check-only", action="store_true",
                     help="a quick correctness pass: every rung's checks in fp16, no timing (--quick --no-bench)")
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -262,6 +267,9 @@ def main(argv=None) -> int:
         return 2
     checks = a.checks.split(",") if a.checks else None
     if a.worker:
+        if a.methods:
+            from facourse import bench
+            bench.CROSS_CHECK = True
         run_rung(m, a.worker, a.quick, Path(a.worker_out), checks, bench=not a.no_bench)
         return 0
     names = [r["name"] for r in m["rungs"] if not a.only or r["name"] in a.only.split(",")]

@@ -121,6 +121,46 @@ def test_runner_plans_what_the_old_drivers_measured(step):
                                                "noncausal_4k", "noncausal_8k", "noncausal_16k"}
 
 
+def test_methods_put_each_other_timings_ratio_in_the_row_and_the_table(monkeypatch):
+    """--methods: the row carries the ratio under do_bench and plain events, the schema takes it, the
+    table prints it beside the course's; without --methods nothing is added (a stale cross is ignored)."""
+    from facourse import bench, schema
+    from facourse.kinds import get
+    from facourse.kinds.base import row_of
+    res = bench.BenchResult("window1024_8k", "H100", "float16", "FLEX", 1.0, 1.25, 400.0, 320.0, 1.25)
+    monkeypatch.setattr(bench, "last_cross", {"do_bench": {"s": 1.0, "r": 1.2}, "events": {"s": 2.0, "r": 2.6}})
+    assert "ratio_methods" not in row_of(res)
+    monkeypatch.setattr(bench, "CROSS_CHECK", True)
+    row = row_of(res)
+    assert row["ratio_methods"] == pytest.approx({"do_bench": 1.2, "events": 1.3})
+    assert bench.last_cross == {}, "a cross timing belongs to one row"
+    assert "ratio_methods" not in row_of(res)
+    row.update(rung="v6", config="window1024_8k", dtype="float16", kind="bench")
+    d = {"schema": 1, "step": "10", "env": {"gpu": "H100", "date": "2026-11-27", "torch": "2.11", "cuda": "13.0"},
+         "timing": bench.TIMING, "reference": "FLEX", "solution": "v6", "mode": "variant",
+         "rungs": {"v6": {"file": "v6.py", "verdict": "x"}}, "rows": [row]}
+    schema.validate(d)
+    (line,) = get("variant").summary_lines(d)[1:]
+    assert "1.25x (320) [do_bench 1.20x, events 1.30x]" in line, line
+
+
+def test_fp8_rungs_are_timed_prequantised_and_end_to_end():
+    """Step 10's FP8 rungs: prequantised on long, large and 16k non-causal (the 1000 TFLOP/s bar), and
+    end to end (fp16 in, quantisation timed) on long and large, each against FA2 and cuDNN."""
+    from facourse.kinds import get
+    from facourse.kinds.base import PASS_MARK
+    from facourse.steps import load_step, rung
+    m = load_step("10")
+    kind = get("fp8")
+    benches = kind.bench_cases(m, rung(m, "v7_fp8_fa3"), False, False, ("float16",))
+    pre = {(b.case, b.backend) for b in benches if b.dtype == "float8_e4m3fn" and not b.extra}
+    e2e = {(b.case, b.backend) for b in benches if b.extra == {"mode": "e2e"} and b.dtype == "float16"}
+    backends = {"FLASH_ATTENTION", "CUDNN_ATTENTION"}
+    assert pre == {(c, be) for c in ("long", "large", "noncausal_16k") for be in backends}
+    assert e2e == {(c, be) for c in ("long", "large") for be in backends}
+    assert PASS_MARK["e2e"] == " e2e"
+
+
 def test_step11_traces_committed_and_apply_right():
     """benchmarks/traces.py's committed run: every solution PASSED on every workload and was timed,
     and apply() routed each workload to a solution whose output passed and that re-timed fastest."""

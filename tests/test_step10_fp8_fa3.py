@@ -191,7 +191,8 @@ def test_kernel_per_block_descales(results, case):
 
 
 @pytest.mark.parametrize("case", ["small", "medium", "large", "noncausal", "asymmetric", "ragged",
-                                  "ragged_noncausal", "decode", "empty_rows", "d64", "mqa"])
+                                  "ragged_noncausal", "decode", "empty_rows", "d64", "mqa",
+                                  "fa3_outliers_2k", "fa3_outliers_8k"])
 def test_kind_checker(results, case):
     one_result(results, kind="check_fp8", case=case)
 

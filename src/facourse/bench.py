@@ -35,6 +35,11 @@ FLASHINFER = "FLASHINFER"
 TIMING = ("facourse.bench.time_calls: CUDA events around each call, GPU time only (the L2 flushed, then a spin "
           "kernel hides Python's enqueue), interleaved rounds against the reference, median of >= 20 after warm-up")
 
+#: Set by the runner's ``--methods``: each ``time_calls`` then times its calls two more ways and leaves
+#: their medians in ``last_cross`` ({method: {name: ms}}), so a ratio near its bar is read more than once.
+CROSS_CHECK = False
+last_cross: dict = {}
+
 
 @dataclass
 class BenchResult:
@@ -206,7 +211,21 @@ def time_calls(calls: dict, rounds: int, flush: torch.Tensor, warmup: int = 5,
             end.record()
             end.synchronize()
             gpu[name].append(start.elapsed_time(end))
+    if CROSS_CHECK and hide_host:
+        last_cross.clear()
+        last_cross.update(cross_times(calls, flush))
     return gpu, host
+
+
+def cross_times(calls: dict, flush: torch.Tensor) -> dict:
+    """{method: {name: median ms}} of ``calls`` timed two other sound ways: Triton's ``do_bench`` on each
+    call back to back (its own L2 clear between calls, no interleaving) and synced CUDA events around
+    each call without the spin (what most write by hand)."""
+    from triton.testing import do_bench
+    out = {"do_bench": {n: float(do_bench(f, warmup=25, rep=200, return_mode="median")) for n, f in calls.items()}}
+    gpu, _ = time_calls(calls, 20, flush, 2, hide_host=False)
+    out["events"] = {n: statistics.median(t) for n, t in gpu.items()}
+    return out
 
 
 def new_flush_buffer() -> torch.Tensor:

@@ -69,6 +69,7 @@ class CheckRow:
     seed: typing.Optional[int] = None
     rel_err: typing.Optional[Num] = None          # an FP8 check: its errors
     lse_err: typing.Optional[Num] = None
+    rmse: typing.Optional[Num] = None             # an FP8 check on FA3's outlier inputs
 
 
 @dataclass
@@ -80,8 +81,9 @@ class BenchRow:
     ref_backend: typing.Optional[str] = None
     seconds: typing.Optional[Num] = None
     error: typing.Optional[str] = None
-    mode: typing.Optional[str] = None             # another pass than the step's (step 08: "train")
+    mode: typing.Optional[str] = None             # another pass than the step's (step 08: "train"; FP8: "e2e")
     ratio: typing.Optional[Num] = None            # t_ref / t_rung
+    ratio_methods: typing.Optional[dict] = None   # the ratio timed other ways (--methods): {"do_bench": r, "events": r}
     ms: typing.Optional[Num] = None
     ms_ref: typing.Optional[Num] = None
     host_us: typing.Optional[Num] = None

@@ -713,14 +713,63 @@ FP8_REL_BOUND = 0.08
 FP8_UNFIT = ("overflow",)
 
 
+#: FlashAttention-3's outlier inputs (Shah et al., 2024, section 4.3, Table 3), non-causal, D 128: name ->
+#: (B, H, S, seed) on a GPU (a CPU runs 512 keys, one head). FP8 is judged there by the RMSE of O.
+FP8_OUTLIER_CASES = {"fa3_outliers_2k": (1, 4, 2048, 0), "fa3_outliers_8k": (1, 1, 8192, 0)}
+#: Their RMSE bound: one scale per tensor reads 1.6-2.4e-2 on them (FA3's Table 3: 2.4e-2 for plain FP8);
+#: above 3e-2 a scale is wrong. FA3's own quantisation reaches 9.1e-3: the ladder records each rung's.
+FP8_OUTLIER_RMSE = 3e-2
+
+
+def fa3_outlier_inputs(B, H, S, D, seed, outliers=True):
+    """q, k, v fp16 [B, H, S, D] on the CPU, entries N(0, 1) plus, with outliers, N(0, 100) on a
+    Bernoulli(0.001) draw of them; torch.Generator().manual_seed(seed), q, k, v drawn in that order."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw():
+        x = torch.randn(B, H, S, D, generator=g)
+        if outliers:
+            x = x + 10.0 * torch.randn(B, H, S, D, generator=g) * (torch.rand(B, H, S, D, generator=g) < 1e-3)
+        return x.half()
+    return draw(), draw(), draw()
+
+
+def check_fp8_outliers(fn, case: str, *, device=None, dtype=None, verbose: bool = True) -> dict:
+    """``fn`` (as ``check_fp8`` calls it) on FA3's outlier inputs ``case``: o finite and its RMSE against
+    float64 attention at most ``FP8_OUTLIER_RMSE``. Returns {"rmse": ...}, the figure FA3 reports."""
+    from .reference import reference_attention
+
+    device = resolve_device(device)
+    B, H, S, seed = FP8_OUTLIER_CASES[case]
+    if device.type != "cuda":
+        H, S = 1, 512
+    q, k, v = (t.to(device=device, dtype=dtype or torch.float16) for t in fa3_outlier_inputs(B, H, S, 128, seed))
+    tag = f"[{case}, fp8] (B {B}, H {H}, S {S}, seed {seed})"
+    o, _ = _call(fn, tag, q, k, v, causal=False)
+    if is_collecting():
+        return {}
+    ref, _ = reference_attention(q.double(), k.double(), v.double(), False)
+    if not isinstance(o, torch.Tensor) or o.shape != q.shape or not bool(torch.isfinite(o).all()):
+        raise AttentionCheckError(f"{tag} o must be a finite tensor of q's shape")
+    rmse = float((o.double() - ref).pow(2).mean().sqrt())
+    if rmse > FP8_OUTLIER_RMSE:
+        raise AttentionCheckError(f"{tag} RMSE of o {rmse:.3g} > {FP8_OUTLIER_RMSE}, more than plain FP8 gives on "
+                                  "FA3's outlier inputs: check each block's descale")
+    if verbose:
+        print(f"[{case}] fp8 passed: RMSE {rmse:.3e} (bound {FP8_OUTLIER_RMSE}; FA3's 9.1e-3)")
+    return {"rmse": rmse}
+
+
 def check_fp8(fn, config: str = "large", *, seed: int | None = None, device=None, dtype=None,
               verbose: bool = True) -> dict:
     """``fn(q, k, v, causal=, scale=None) -> (o, lse)`` with fp16/bf16 inputs that it quantises to e4m3
     itself: o in the inputs' dtype, finite, rows that see no key 0, relative error at most
     ``FP8_REL_BOUND``, lse within 2% of the reference (it is computed from FP8 logits too). Returns the
-    errors."""
+    errors. On ``FP8_OUTLIER_CASES``: ``check_fp8_outliers``."""
     from .reference import reference_attention
 
+    if config in FP8_OUTLIER_CASES:
+        return check_fp8_outliers(fn, config, device=device, dtype=dtype, verbose=verbose)
     device = resolve_device(device)
     cfg = get_config(config, device)
     if cfg.name in FP8_UNFIT:

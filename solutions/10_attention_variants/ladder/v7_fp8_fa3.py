@@ -62,6 +62,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from facourse.triton_setup import validate_triton_inputs  # noqa: E402
+from facourse.variants import fa3_outlier_inputs  # noqa: E402,F401  (the error study's inputs)
 
 vc = v5.vc
 causal_split_bounds = v5.causal_split_bounds
@@ -342,19 +343,6 @@ def flash_attention_fp8(q, k, v, causal=True, scale=None):
 
 
 # ----------------------------------------------------------------------------- the error study
-def fa3_outlier_inputs(B, H, S, D, seed, outliers=True):
-    """q, k, v fp16 [B, H, S, D], entries N(0, 1) plus, with outliers, N(0, 100) on a Bernoulli(0.001)
-    draw of them (FlashAttention-3's section 4.3); torch.Generator().manual_seed(seed)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def draw():
-        x = torch.randn(B, H, S, D, generator=g)
-        if outliers:
-            x = x + 10.0 * torch.randn(B, H, S, D, generator=g) * (torch.rand(B, H, S, D, generator=g) < 1e-3)
-        return x.half()
-    return draw(), draw(), draw()
-
-
 def rotate_reference(x):
     """x M in fp32, M = diag(signs) H_D / sqrt(D): the rotation quant_rows applies, in PyTorch."""
     return (x.float() @ signed_hadamard(x.shape[-1])) * (1.0 / math.sqrt(x.shape[-1]))
@@ -435,7 +423,36 @@ def error_study(B=1, H=4, S=2048, D=128, seeds=(0, 1), kinds=("outliers", "gauss
     return "\n".join(lines) + "\n"
 
 
+#: Tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) the GPU sweep tries; TILES is the one the ladder runs.
+TILE_SWEEP = [(64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 4), (128, 128, 8, 2), (128, 128, 8, 3),
+              (128, 64, 8, 3), (64, 256, 4, 2), (128, 256, 8, 2)]
+
+
+def tile_sweep(configs=("noncausal_16k", "long", "large"), backend="CUDNN_ATTENTION"):
+    """Lines: each TILE_SWEEP entry timed prequantised (facourse.variants.bench_fp8) on ``configs``."""
+    from facourse.variants import bench_fp8
+    global FORCE_TILES
+    lines = [f"# v7_fp8_fa3 tile sweep, prequantised e4m3, against SDPA {backend} (fp16); facourse.bench.time_calls"]
+    try:
+        for t in TILE_SWEEP:
+            FORCE_TILES = t
+            for c in configs:
+                try:
+                    r = bench_fp8(flash_attention_fp8_prequantized, quantize_fp8, c, backend=backend)
+                    lines.append(f"{str(t):>20} {c:>14} {r.tflops_student:6.0f} TFLOP/s  ref {r.tflops_ref:4.0f}  "
+                                 f"x{r.ratio:.2f}")
+                except Exception as e:  # noqa: BLE001 (a tile that does not fit shared memory: say so, go on)
+                    lines.append(f"{str(t):>20} {c:>14} {type(e).__name__}: {str(e)[:120]}")
+                print(lines[-1], flush=True)
+    finally:
+        FORCE_TILES = None
+    return lines
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--tiles"]:          # on a GPU: python v7_fp8_fa3.py --tiles
+        tile_sweep()
+        sys.exit(0)
     # the committed record: python solutions/10_attention_variants/ladder/v7_fp8_fa3.py > FILE
     print(error_study(), end="")
     print(error_study(H=1, S=8192, seeds=(0,), kinds=("outliers",)), end="")

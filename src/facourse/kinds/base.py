@@ -10,7 +10,7 @@ DTYPES = ("float16", "bfloat16")
 
 
 #: how the printed table marks a row timed as another pass than its step's (step 08's forward + backward)
-PASS_MARK = {"train": " f+b"}
+PASS_MARK = {"train": " f+b", "e2e": " e2e"}
 
 
 class Bench(NamedTuple):
@@ -96,7 +96,7 @@ class Kind:
         lines = [f"{'rung':>22} {'config':>14} {'dtype':>8} {unit:>7}  vs reference: ratio (ref {unit})"] if by else []
         for (name, cname, dt), d2 in by.items():
             first = next(iter(d2.values()))
-            refs = "  ".join(f"{be}: {r['ratio']:.2f}x ({r[key + '_ref']:.0f})" for be, r in d2.items())
+            refs = "  ".join(f"{be}: {r['ratio']:.2f}x ({r[key + '_ref']:.0f})" + _methods(r) for be, r in d2.items())
             copy = f" ({first['copy_fraction']:.0%} of a copy)" if "copy_fraction" in first else ""
             lines.append(f"{name:>22} {cname:>14} {dt:>8} {first[key]:7.0f}{copy}  {refs}")
         return lines
@@ -132,8 +132,20 @@ class Kind:
 
 
 
+def _methods(row: dict) -> str:
+    """The ratio under the other timing methods, when measured: " [do_bench 1.24x, events 1.27x]"."""
+    m = row.get("ratio_methods")
+    return f" [{', '.join(f'{k} {v:.2f}x' for k, v in m.items())}]" if m else ""
+
+
 def row_of(res) -> dict:
-    """A bench row's fields from a facourse.bench.BenchResult (TFLOP/s)."""
-    return {"ref_backend": res.backend, "tflops": res.tflops_student, "tflops_ref": res.tflops_ref, "ratio": res.ratio,
-            "ms": res.t_student_ms, "ms_ref": res.t_ref_ms, "host_us": res.host_student_us,
-            "host_ref_us": res.host_ref_us}
+    """A bench row's fields from a facourse.bench.BenchResult (TFLOP/s), with the ratio under the other
+    timing methods when the runner asked for them (``--methods``)."""
+    from .. import bench
+    row = {"ref_backend": res.backend, "tflops": res.tflops_student, "tflops_ref": res.tflops_ref, "ratio": res.ratio,
+           "ms": res.t_student_ms, "ms_ref": res.t_ref_ms, "host_us": res.host_student_us,
+           "host_ref_us": res.host_ref_us}
+    if bench.CROSS_CHECK and bench.last_cross:
+        row["ratio_methods"] = {m: t["r"] / t["s"] for m, t in bench.last_cross.items()}
+        bench.last_cross.clear()
+    return row
