@@ -213,6 +213,7 @@ TABLES = {
     "step09_source": lambda: source("09"),
     "step10": lambda: R.table(_m("10")),
     "step10_source": lambda: source("10"),
+    "step10_fp8": lambda: R.fp8_table(_m("10")),
     "step11_traces_source": lambda: (f"Source: `{_m('11_traces')['source'].removeprefix('benchmarks/')}`. "
                                      f"{R.traces_header(_m('11_traces'))}."),
     "step11_traces": lambda: R.traces_table(_m("11_traces")),

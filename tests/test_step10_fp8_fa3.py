@@ -9,7 +9,7 @@ One subprocess (TRITON_INTERPRET=1 before triton is imported) runs every check a
 * The kernel's logic exactly: the quantised values held in fp16, block scales that differ by up to
   1e4 between tiles (a descale read for the wrong tile is far off), causal, GQA, Sq != Skv, rows that
   see no key, and one query scale per two query tiles (the kind's quantize_fp8 path).
-* The kind's checker, facourse.variants.check_fp8, on every case facourse/kinds/fp8.py lists (CPU sizes,
+* The kind's checker, facourse.fp8.check_fp8, on every case facourse/kinds/fp8.py lists (CPU sizes,
   fp16), through the fused quantisers and the kernel.
 * The rotation cuts the RMSE of O on FlashAttention-3's outlier inputs (N(0,1) + N(0,100) on 0.1 % of
   entries) against per-block scales alone, and does not hurt on N(0,1).
@@ -24,6 +24,7 @@ from ladder_helpers import one_result, run_in_interpreter
 LADDER = ROOT / "solutions" / "10_attention_variants" / "ladder"
 
 SCRIPT = """
+    import facourse.fp8 as F8
     import facourse.variants as V
     from facourse.kinds.fp8 import KIND
 
@@ -139,7 +140,7 @@ SCRIPT = """
                     # e4m3 throughout, the same inputs: P's rounding costs a few percent
                     o8, _ = v7.run_kernel(q8, k8, v8t, dq, dk, dv, causal, None, torch.float16)
                     rel = ((o8.double() - o_ref).norm() / o_ref.norm()).item()
-                    assert rel < V.FP8_REL_BOUND, f"e4m3: relative error {rel:.3f}"
+                    assert rel < F8.FP8_REL_BOUND, f"e4m3: relative error {rel:.3f}"
                     return {"max_err": err, "rel_e4m3": rel}
                 finally:
                     v7.FORCE_TILES = None
@@ -148,7 +149,7 @@ SCRIPT = """
     # ------------------------------------------------------------------ the kind's checker
     for case in KIND.check_cases(None, None, None):
         def check():
-            return V.check_fp8(v7.run_end_to_end, case, seed=36, device="cpu", dtype=torch.float16, verbose=False)
+            return F8.check_fp8(v7.run_end_to_end, case, seed=36, device="cpu", dtype=torch.float16, verbose=False)
         attempt(check, kind="check_fp8", case=case)
 
     def refuses_cpu():

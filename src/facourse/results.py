@@ -28,8 +28,8 @@ MEASURED = Path(__file__).resolve().parents[2] / "course" / "results" / "measure
 FA2, CUDNN = "FLASH_ATTENTION", "CUDNN_ATTENTION"
 #: What every bench row keeps for the lectures; a kind adds its own (``Kind.extra_row_keys``: step 12's
 #: step and one-GPU times, efficiency, per rank the compute and the wait, one shard's transfer alone).
-ROW_KEYS = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio", "mode", "gbps", "gbps_ref",
-            "copy_fraction")
+ROW_KEYS = ("rung", "config", "dtype", "ref_backend", "tflops", "tflops_ref", "ratio", "ratio_methods", "mode", "gbps",
+            "gbps_ref", "copy_fraction")
 
 
 def load(step: str, path: Path | str | None = None) -> dict | None:
@@ -79,10 +79,15 @@ def compact(d: dict, source: str) -> dict:
             c[1] += 1
     rows = [{k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep if k in r}
             for r in d["rows"] if r["kind"] == "bench" and "ratio" in r]
+    errors: dict = {}                  # an FP8 check's error: {rung: {config: rmse or rel_err}}
+    for r in d["rows"]:
+        if r["kind"] == "check" and r["check"] == "ok" and (r.get("rmse") or r.get("rel_err")) is not None:
+            errors.setdefault(r["rung"], {})[r["config"]] = round(r.get("rmse") or r["rel_err"], 6)
     return {"schema": d["schema"], "step": d["step"], "source": source, "env": d["env"], "timing": d["timing"],
             **({"mode": d["mode"]} if "mode" in d else {}),
             "reference": d["reference"], "solution": d["solution"],
-            "rungs": {n: {"verdict": i["verdict"]} for n, i in d["rungs"].items()}, "checks": checks, "rows": rows}
+            "rungs": {n: {"verdict": i["verdict"]} for n, i in d["rungs"].items()}, "checks": checks, "rows": rows,
+            **({"errors": errors} if errors else {})}
 
 
 def bench(d: dict, rung: str | None = None, config: str | None = None, dtype: str | None = None,
@@ -181,11 +186,40 @@ def variant_table(d: dict) -> str:
            "|---|---|---|---|" + "---|" * len(backends)]
     for n in [d["solution"]] + [n for n in d["rungs"] if n != d["solution"]]:
         ok, total = d["checks"].get(n, (0, 0))
-        for i, c in enumerate(dict.fromkeys(r["config"] for r in bench(d, n))):
-            by = {r["ref_backend"]: r for r in bench(d, n, c)}
+        cases = dict.fromkeys((r["config"], r.get("mode")) for r in bench(d, n))
+        for i, (c, mode) in enumerate(cases):
+            by = {r["ref_backend"]: r for r in bench(d, n, c) if r.get("mode") == mode}
             first = next(iter(by.values()))
             cells = " | ".join(f"{_x(by[b]['ratio'])} ({by[b]['tflops_ref']:.0f})" if b in by else "—" for b in backends)
-            out.append(f"| {n if i == 0 else ''} | {f'{ok}/{total}' if i == 0 else ''} | {c} | {first['tflops']:.0f} | {cells} |")
+            case = c + {"e2e": ", fp16 in (end to end)"}.get(mode, ", e4m3 in" if first["dtype"].startswith("float8") else "")
+            out.append(f"| {n if i == 0 else ''} | {f'{ok}/{total}' if i == 0 else ''} | {case} | {first['tflops']:.0f} | {cells} |")
+    return "\n".join(out)
+
+
+def fp8_table(d: dict) -> str:
+    """Step 10's FP8 rungs side by side: the RMSE of O on FA3's outlier inputs (their checks), TFLOP/s on
+    inputs already in e4m3 and end to end (fp16 in, the quantisation timed), and the end-to-end time
+    against the fp16 solution's on `long` in the same run (the course's bench; do_bench and plain events
+    in brackets where the run measured them)."""
+    errs = d.get("errors", {})
+    cases = sorted({c for e in errs.values() for c in e if c.startswith("fa3_outliers")})
+    out = ["| rung | " + " | ".join(f"RMSE, {c}" for c in cases) + " | e4m3 in: long, 16k non-causal (TFLOP/s) | "
+           "fp16 in, end to end: long | end to end / fp16 solution on long |", "|---|" + "---|" * (len(cases) + 3)]
+    sol = bench(d, d["solution"], "long", "float16", "FLASH_ATTENTION")
+    for n in [n for n in d["rungs"] if n in errs]:
+        pre = [bench(d, n, c, "float8_e4m3fn", "FLASH_ATTENTION") for c in ("long", "noncausal_16k")]
+        e2e = [r for r in bench(d, n, "long", "float16", "FLASH_ATTENTION") if r.get("mode") == "e2e"]
+        vs = "—"
+        if e2e and sol:
+            a, b = e2e[0], sol[0]
+            vs = _x(a["tflops"] / b["tflops"])
+            if a.get("ratio_methods") and b.get("ratio_methods"):
+                vs += " [" + ", ".join(f"{m} {_x(a['ratio_methods'][m] / b['ratio_methods'][m])}"
+                                       for m in a["ratio_methods"] if m in b["ratio_methods"]) + "]"
+        rmse = " | ".join(f"{errs[n][c]:.2e}" if c in errs[n] else "—" for c in cases)
+        rates = ", ".join(f"{r[0]['tflops']:.0f}" if r else "—" for r in pre)
+        out.append(f"| {n} | {rmse} | {rates} | {e2e[0]['tflops']:.0f} | {vs} |" if e2e else
+                   f"| {n} | {rmse} | {rates} | — | — |")
     return "\n".join(out)
 
 

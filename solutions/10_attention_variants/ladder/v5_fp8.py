@@ -153,13 +153,17 @@ def padded_for_tma(t):
 
 
 def outputs(q8, k8, v8t, scale, out_dtype):
-    """(scale, o, lse) of a launch, its shapes checked: o zeros and lse -inf, what an empty side leaves."""
+    """(scale, o, lse) of a launch, its shapes checked: o zeros and lse -inf when a side is empty (no
+    launch), else left unwritten: the kernel stores every row (a row that sees no key as 0 and -inf)."""
     B, Hq, Sq, D = q8.shape
     Hkv, Skv = k8.shape[1], k8.shape[2]
     assert v8t.shape == (B, Hkv, D, Skv) and q8.stride(-1) == k8.stride(-1) == v8t.stride(-1) == 1
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    return (scale, torch.zeros((B, Hq, Sq, D), device=q8.device, dtype=out_dtype),
-            torch.full((B, Hq, Sq), -math.inf, device=q8.device, dtype=torch.float32))
+    o = torch.empty((B, Hq, Sq, D), device=q8.device, dtype=out_dtype)
+    lse = torch.empty((B, Hq, Sq), device=q8.device, dtype=torch.float32)
+    if Sq == 0 or Skv == 0:
+        o.zero_(), lse.fill_(-math.inf)
+    return scale, o, lse
 
 
 def descriptors(q8, k8, v8t, o, BLOCK_M, BLOCK_N):

@@ -34,7 +34,7 @@ from zero and loses the carry when rounding up crosses into an odd binade (1.96 
 GPU's cvt.rn does) so the cast is exact, and the dots run on fp32 copies of their operands (exact for
 e4m3 and +-1 values; NumPy multiplies fp16 without BLAS). On a GPU EXACT_ROUND is off.
 
-The kind's runner (facourse.variants.bench_fp8) calls quantize_fp8 on q, k and v alike and transposes v
+The kind's runner (facourse.fp8.bench_fp8) calls quantize_fp8 on q, k and v alike and transposes v
 itself: quantize_fp8 gives one scale per BLOCK_N rows (a whole number of query tiles, so run_kernel
 reads one q scale per Q_PER query tiles) and rotates nothing unless asked; the timing is the same
 kernel. flash_attention_fp8 runs quantize_qkv (rotation, BLOCK_M-row blocks of Q, V transposed).
@@ -44,8 +44,10 @@ benchmarks/results/2026-11-27_cpu_step10_fp8_error.txt, made by running this fil
 outlier inputs the rotation is what cuts the RMSE of O, per-block scales alone barely move it, as in
 FA3's Table 3 ablation; on N(0, 1) all four quantisations give the same RMSE.
 
-The tiles are v5's (TILES, not re-tuned: this rung's speed is not measured yet). Needs a GPU with FP8
-tensor cores; on a CPU the entry points raise; ``run_end_to_end`` and ``run_kernel`` launch without
+The tiles are v5's (TILES; ``tile_sweep`` tried the others on an H100, see TILE_SWEEP). On a GPU
+(benchmarks/results/2026-11-27_{h100,h200}_step10*.json) the end-to-end call runs 1.31-1.33x the fp16
+solution on `long`: the quantisers read each input once, where v5's PyTorch passes made its end-to-end
+call slower than fp16. Needs a GPU with FP8 tensor cores; on a CPU the entry points raise; ``run_end_to_end`` and ``run_kernel`` launch without
 that check (the tests run them in the interpreter).
 """
 import functools
@@ -62,7 +64,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from facourse.triton_setup import validate_triton_inputs  # noqa: E402
-from facourse.variants import fa3_outlier_inputs  # noqa: E402,F401  (the error study's inputs)
+from facourse.fp8 import fa3_outlier_inputs  # noqa: E402,F401  (the error study's inputs)
 
 vc = v5.vc
 causal_split_bounds = v5.causal_split_bounds
@@ -100,8 +102,10 @@ def _signs_hadamard(D):
     return signs[:, None] * hadamard(D)
 
 
+@functools.lru_cache(maxsize=None)
 def signed_hadamard(D, dtype=torch.float32, device="cpu"):
-    """diag(signs) H_D, entries +-1; M = signed_hadamard(D) / sqrt(D) is orthogonal."""
+    """diag(signs) H_D, entries +-1; M = signed_hadamard(D) / sqrt(D) is orthogonal. Kept per device: a
+    copy from the host on every call would wait for the GPU's queue (a pageable copy) and stall the launch."""
     return _signs_hadamard(D).to(device=device, dtype=dtype)
 
 
@@ -275,7 +279,7 @@ def quantize_v_transposed(v, block):
 
 
 def quantize_fp8(x, rotate=False):
-    """The kind's one-tensor quantiser (facourse.variants.bench_fp8 calls it on q, k and v alike): x
+    """The kind's one-tensor quantiser (facourse.fp8.bench_fp8 calls it on q, k and v alike): x
     [B, H, S, D] in e4m3 with one scale per BLOCK_N rows (the kernel's key tile, a multiple of its
     query tile), descale fp32 [B, H, cdiv(S, BLOCK_N)]. rotate applies M (Q and K only, both or
     neither: Q K^T is unchanged)."""
@@ -424,13 +428,17 @@ def error_study(B=1, H=4, S=2048, D=128, seeds=(0, 1), kinds=("outliers", "gauss
 
 
 #: Tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) the GPU sweep tries; TILES is the one the ladder runs.
-TILE_SWEEP = [(64, 128, 4, 3), (64, 128, 4, 4), (64, 64, 4, 4), (128, 128, 8, 2), (128, 128, 8, 3),
-              (128, 64, 8, 3), (64, 256, 4, 2), (128, 256, 8, 2)]
+TILE_SWEEP = [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 3), (128, 128, 8, 3), (128, 256, 8, 2)]
+#: measured on an H100 (2026-11-27, prequantised, noncausal_16k / long / large): (64, 128, 4, 3) 876 / 854 / 527
+#: TFLOP/s, (64, 128, 4, 4) 594 / 580 / 348, (64, 64, 4, 4) 727 / 705 / 532, (128, 128, 8, 2) 569 / 550 / 403,
+#: (128, 128, 8, 3) 657 / 636 / 444, (64, 256, 4, 2) 556 / 550 / 314, (128, 256, 8, 2) 725 / 687 / 421.
+#: Triton 3.6's warp-specialised loop (tl.range(..., warp_specialize=True)) does not compile this kernel for
+#: sm_90 (its NVGPUWarpSpecialization pass fails; seen on a CPU with the compile test's set-up).
 
 
 def tile_sweep(configs=("noncausal_16k", "long", "large"), backend="CUDNN_ATTENTION"):
-    """Lines: each TILE_SWEEP entry timed prequantised (facourse.variants.bench_fp8) on ``configs``."""
-    from facourse.variants import bench_fp8
+    """Lines: each TILE_SWEEP entry timed prequantised (facourse.fp8.bench_fp8) on ``configs``."""
+    from facourse.fp8 import bench_fp8
     global FORCE_TILES
     lines = [f"# v7_fp8_fa3 tile sweep, prequantised e4m3, against SDPA {backend} (fp16); facourse.bench.time_calls"]
     try:
