@@ -725,6 +725,14 @@ if R7:
 # says whether persistence pays for itself once the balance is right: it saves CTA
 # launches and prologues, but a CTA's next $Q_i$ can only load once both consumer warpgroups are done
 # with the current one. A rung keeps its idea only if the numbers say so.
+#
+# One idea that did not pay is kept as a rung for that reason: `v5_stages3` makes the K/V ring three
+# blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer
+# runs one block further ahead. It changes nothing the consumers wait on in the long loops, and on
+# the short ones it was meant for (step 10's 1024-token window, 9 key blocks per tile) it did not help
+# either: 487 TFLOP/s on `large` against v4's 495, and on the window 391-399 TFLOP/s against 396-401,
+# each pair alternating in one run on an H100 (`benchmarks/results/2026-11-27_h100_step07_v5_stages3.txt`,
+# a text record: the table above is the committed full run, which predates the rung).
 
 # %% [markdown]
 # ## 10. Run it on a Hopper GPU

@@ -15,8 +15,9 @@
 //   HFA_OVERLAP     within a warpgroup, the softmax of S_j runs while O += P_{j+1} V_{j+1} is in flight
 //   HFA_PERSISTENT  one CTA per SM; its producer takes the next tile from a global counter and
 //                   hands it to the consumers, so loads for the next tile start during this one
-// and one that is no rung of this step: HFA_WINDOW (default 0) compiles in the sliding window of
-// FaParams::window (first_kv_block, window_cuts, apply_mask), for step 10's v6_hopper_window.
+// and two tuning knobs: HFA_STAGES (default 2), the depth of the K/V ring (v5_stages3), and HFA_WINDOW
+// (default 0, no rung of this step), the sliding window of FaParams::window (first_kv_block,
+// window_cuts, apply_mask), for step 10's v6_hopper_window.
 #pragma once
 #include "fa_params.h"
 #include "hopper_primitives.cuh"
@@ -36,6 +37,9 @@
 #ifndef HFA_PERSISTENT
 #define HFA_PERSISTENT 1
 #endif
+#ifndef HFA_STAGES
+#define HFA_STAGES 2
+#endif
 #ifndef HFA_WINDOW
 #define HFA_WINDOW 0
 #endif
@@ -46,7 +50,7 @@ using namespace hp;
 constexpr int kConsumers = 2;                      // consumer warpgroups, 64 query rows each
 constexpr int BLOCK_M = 64 * kConsumers;           // 128 query rows per tile
 constexpr int BLOCK_N = 128;                       // keys per K_j, V_j block
-constexpr int STAGES = 2;                          // depth of the K/V ring
+constexpr int STAGES = HFA_STAGES;                 // depth of the K/V ring (3 at D 128: 224 KB of 227)
 constexpr int NTHREADS = 128 * (1 + kConsumers);   // warpgroup 0 produces, the others consume
 constexpr int PANEL = 64;                          // 16-bit columns per 128-byte swizzled panel
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // setmaxnreg: 128*40 + 256*232 <= 64K
