@@ -165,6 +165,25 @@ SCRIPT = """
                 raise AssertionError("ran on a CPU")
     attempt(refuses_cpu, kind="entry", case="refuses_cpu")
 
+    def exp2_on_fma():
+        # the software exp2 (EXP2_FMA): the same O within e4m3's noise, rows that see no key still 0 and -inf
+        g = torch.Generator().manual_seed(5)
+        q, k, v = (torch.randn(1, 2, S, 64, generator=g).half() for S in (200, 80, 80))
+        outs = {}
+        try:
+            for fma in (False, True):
+                v7.EXP2_FMA = fma
+                outs[fma] = v7.run_end_to_end(q, k, v, True)
+        finally:
+            v7.EXP2_FMA = False
+        (o0, l0), (o1, l1) = outs[False], outs[True]
+        empty = torch.isneginf(l0)
+        assert empty.any() and torch.equal(torch.isneginf(l1), empty) and bool((o1[empty] == 0).all())
+        err = float((o1.float() - o0.float()).norm() / o0.float().norm())
+        assert err < 0.02, f"exp2 on the FMA pipes moved O by {err:.3f}"
+        return {"rel_diff": err}
+    attempt(exp2_on_fma, kind="entry", case="exp2_fma")
+
     # ------------------------------------------------------------------ the error on FA3's inputs
     for outliers in (True, False):
         def rmse():
@@ -207,6 +226,10 @@ def test_entry_points_refuse_a_cpu(results):
     one_result(results, kind="entry", case="refuses_cpu")
 
 
+def test_software_exp2_gives_the_same_attention(results):
+    one_result(results, kind="entry", case="exp2_fma")
+
+
 def test_rotation_cuts_the_error_on_outlier_inputs(results):
     out = one_result(results, kind="rmse", case="outliers")
     # FA3's finding: per-block scales alone barely help, the rotation does
@@ -241,7 +264,8 @@ desc = lambda dt, r, c: f"tensordesc<{dt}[1, 1, {r}, {c}]>"
 compile90(v7.fp8_block_fwd, {"Q": desc("fp8e4nv", BM, D), "K": desc("fp8e4nv", BN, D), "VT": desc("fp8e4nv", D, BN),
                              "O": desc("fp16", BM, D), "LSE": "*fp32", "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32",
                              "scale": "fp32"},
-          {"CAUSAL": True, "GROUP": 4, "Q_PER": 2, "EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN})
+          {"CAUSAL": True, "GROUP": 4, "Q_PER": 2, "EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN,
+           "FMA_EXP2": True})
 print("compiled")
 """
 

@@ -74,6 +74,10 @@ EXACT_ROUND = INTERPRET
 TILES = v5.TILES
 INTERPRET_TILES = v5.INTERPRET_TILES
 FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num_stages) for a sweep
+# P's exp2 on the FMA pipes (exp2_fma) instead of the MUFU unit: it passes every check and halves the speed
+# (462 against 841 TFLOP/s at 16k non-causal on an H100, benchmarks/results/2026-11-27_h100_step10_fp8_exp2_fma.txt):
+# here the FMA and integer pipes, not MUFU, are the softmax's limit. Off.
+EXP2_FMA = False
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
 P_LOG2 = tl.constexpr(8.0)
@@ -128,6 +132,20 @@ def to_e4m3(x, EXACT: tl.constexpr):
     if EXACT:
         x = e4m3_grid(x)
     return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def exp2_fma(x):
+    """2^x without the MUFU unit (FlashAttention-4's software exp2): x = j + f with j = round(x) by the
+    1.5 * 2^23 trick (j lands in the low mantissa bits), 2^f on [-1/2, 1/2] by a cubic (relative error
+    under 1e-3, far below e4m3's step), 2^j added to the exponent as an integer; below 2^-126: 0."""
+    xc = tl.maximum(x, -126.0)
+    t = xc + 12582912.0
+    f = xc - (t - 12582912.0)
+    p = 1.0 + f * (0.6931472 + f * (0.2402265 + f * 0.0555041))
+    j = t.to(tl.int32, bitcast=True) - 0x4B400000
+    r = (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
+    return tl.where(x < -126.0, 0.0, r)
 
 
 @triton.jit
@@ -188,7 +206,7 @@ def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D:
 @triton.jit
 def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
     head)'s first descale). acc is in units of dv_prev, the last tile's dv."""
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -199,7 +217,8 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
         dv = tl.load(DV + kv_row + j)
         s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
         s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
-        p = tl.math.exp2(s * qk_scale - (m_use - P_LOG2)[:, None])      # P times 2^P_LOG2, in [0, 256]
+        x = s * qk_scale - (m_use - P_LOG2)[:, None]
+        p = exp2_fma(x) if FMA_EXP2 else tl.math.exp2(x)               # P times 2^P_LOG2, in [0, 256]
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         if vT.dtype == tl.float8e4nv:
@@ -215,7 +234,7 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
 @triton.jit
 def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
-                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -233,9 +252,9 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
     off = Skv - Sq
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
-                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N)
+                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
-                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N)
+                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2)
 
     o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
     o = o * dv_prev                                                 # acc was in units of the last dv
@@ -315,7 +334,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, **launch)
+        BLOCK_M, BLOCK_N, EXP2_FMA, **launch)
     return o, lse
 
 

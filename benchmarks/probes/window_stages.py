@@ -1,0 +1,34 @@
+"""A/B on the GPU: step 10's v6 window kernel with a K/V ring 2 (as built) and 3 deep, checked, then timed
+in the same process, alternating, with the course's bench, do_bench and plain events (facourse.bench)."""
+import json, os, sys, statistics
+sys.path[:0] = ["src", ".", "solutions/10_attention_variants/ladder"]
+import torch
+from facourse import bench
+from facourse.cuda_build import load_cuda_extension
+from facourse.steps import step_dir
+from facourse.variants import bench_variant, check_variant
+import v6_hopper_window as v6
+
+s07 = step_dir("07")
+exts = {"stages2": v6.extension(),
+        "stages3": load_cuda_extension("fa10_v6_stages3", [v6.KERNEL, s07 / "fa_binding.cpp"], arch="sm_90a",
+                                       include_dirs=[s07 / "ladder", s07], extra_cuda_cflags=["-DHFA_STAGES=3"])}
+out = {"gpu": torch.cuda.get_device_name(), "checks": {}, "rows": []}
+for name, ext in exts.items():
+    v6._extension = ext
+    for case in ("window", "window_ragged", "window_1", "window_beyond", "window_empty_rows", "mqa_window", "causal"):
+        for dt in (torch.float16, torch.bfloat16):
+            check_variant(v6.flex_attention_triton, case, device="cuda", dtype=dt, verbose=False)
+    out["checks"][name] = "ok"
+bench.CROSS_CHECK = True
+for rnd in range(3):
+    for name, ext in exts.items():
+        v6._extension = ext
+        for case in ("window1024_8k", "window1024_16k"):
+            r = bench_variant(v6.flex_attention_triton, case)
+            x = {m: t["r"] / t["s"] for m, t in bench.last_cross.items()}
+            out["rows"].append({"round": rnd, "kernel": name, "case": case, "tflops": r.tflops_student,
+                                "ratio": r.ratio, **x})
+            print(f"{rnd} {name} {case:>15} {r.tflops_student:5.0f} TFLOP/s  bench {r.ratio:.3f}  "
+                  f"do_bench {x['do_bench']:.3f}  events {x['events']:.3f}", flush=True)
+json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "probe_window.json"), "w"), indent=1)
