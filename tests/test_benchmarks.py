@@ -161,6 +161,22 @@ def test_fp8_rungs_are_timed_prequantised_and_end_to_end():
     assert PASS_MARK["e2e"] == " e2e"
 
 
+def test_fp8_table_reads_errors_and_both_timings_from_a_run():
+    """The FP8 table: one row per FP8 rung with its RMSE on FA3's inputs (from its checks), its rates on
+    e4m3 inputs, its end-to-end rate and that rate against the fp16 solution's in the same run."""
+    from facourse import results as R
+    d = json.loads((RESULTS / "2026-11-27_h100_step10.json").read_text())
+    c = R.compact(d, "x")
+    assert c["errors"]["v7_fp8_fa3"]["fa3_outliers_2k"] < c["errors"]["v5_fp8"]["fa3_outliers_2k"]
+    lines = R.fp8_table(c).splitlines()
+    assert "RMSE, fa3_outliers_2k" in lines[0] and "RMSE, fa3_outliers_8k" in lines[0]
+    (v7,) = [ln for ln in lines if ln.startswith("| v7_fp8_fa3 |")]
+    sol = R.bench(c, "v6_hopper_window", "long", "float16", "FLASH_ATTENTION")[0]["tflops"]
+    e2e = [r for r in R.bench(c, "v7_fp8_fa3", "long", "float16", "FLASH_ATTENTION") if r.get("mode") == "e2e"][0]
+    assert f"| {e2e['tflops']:.0f} | {e2e['tflops'] / sol:.2f}x [do_bench" in v7, v7
+    assert {ln.split(" | ")[0] for ln in lines[2:]} == {"| v5_fp8", "| v7_fp8_fa3"}
+
+
 def test_step11_traces_committed_and_apply_right():
     """benchmarks/traces.py's committed run: every solution PASSED on every workload and was timed,
     and apply() routed each workload to a solution whose output passed and that re-timed fastest."""

@@ -77,8 +77,9 @@ def compact(d: dict, source: str) -> dict:
             c = checks.setdefault(r["rung"], [0, 0])
             c[0] += r["check"] == "ok"
             c[1] += 1
-    rows = [{k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep if k in r}
-            for r in d["rows"] if r["kind"] == "bench" and "ratio" in r]
+    def rounded(x):
+        return round(x, 4) if isinstance(x, float) else {k: rounded(v) for k, v in x.items()} if isinstance(x, dict) else x
+    rows = [{k: rounded(r[k]) for k in keep if k in r} for r in d["rows"] if r["kind"] == "bench" and "ratio" in r]
     errors: dict = {}                  # an FP8 check's error: {rung: {config: rmse or rel_err}}
     for r in d["rows"]:
         if r["kind"] == "check" and r["check"] == "ok" and (r.get("rmse") or r.get("rel_err")) is not None:
