@@ -974,6 +974,32 @@ if R10:
 # key-block loop only starts later (at the window's first block, 9 blocks of 128 per query tile at
 # W = 1024, 2 of them masked); every other mask and score modifier goes to v4. The FP8 rungs (section 7)
 # are timed on inputs already in e4m3 and end to end.
+#
+# ### One ratio, three clocks
+#
+# A speed-up is a ratio of two times, and how the times are taken moves it. The runner's `--methods`
+# times every row of the table two more ways besides the course's bench (interleaved calls, the L2
+# flushed and the GPU kept busy before each): Triton's `do_bench`, which runs one kernel back to back
+# for a fixed time, and CUDA events around each call with no spin, which counts any wait for Python
+# to launch the call. The cell prints the three for the solution's rows, where the run measured them.
+
+# %%
+if R10:
+    rows = [r for r in results.bench(R10, R10["solution"]) if r.get("ratio_methods")]
+    for r in rows:
+        m = r["ratio_methods"]
+        print(f"{r['config']:>15} vs {r['ref_backend'][:15]:<15} course's bench {r['ratio']:.2f}x   "
+              + "   ".join(f"{k} {v:.2f}x" for k, v in m.items()))
+    if not rows:
+        print("The committed run of step 10 has no second timing method.")
+
+# %% [markdown]
+# On the windows the three disagree by more than the noise of any one of them. The course's bench
+# rests the GPU between calls; `do_bench` keeps it busy long enough for its clock to fall, and in one
+# probe on an H100 the clock fell further under the window kernel than under FlexAttention's (the
+# benchmarks README has it). None of the three is wrong: they answer different questions (a burst, or
+# a sustained stream of calls), so a speed-up near its bar must hold under more than one before it
+# counts.
 
 # %% [markdown]
 # ## Summary
