@@ -52,7 +52,7 @@ ZEROS = _fn("return torch.zeros_like(q)")
 CORPUS = {
     "ok": (SOL, 7, "graded"),
     "import_error": ("import not_a_real_module_42\n" + SOL, 0, "graded"),
-    # interrupted after 15 s (a loop that sleeps: the interrupt is the same, and CI's CPU is not spent)
+    # interrupted after 30 s (a loop that sleeps: the interrupt is the same, and CI's CPU is not spent)
     "infinite_loop": ("import time\nwhile True:\n    time.sleep(0.1)\n" + SOL, 0, "graded"),
     # the kernel dies (a crash; forge_os_exit, in SCAN_ONLY, is the kernel leaving on purpose)
     "segfault": (_fn("import ctypes\nctypes.memset(0, 1, 64)"), 0, "kernel died"),
@@ -214,9 +214,10 @@ def test_bad_submission_corpus_in_one_parallel_run(tmp_path, capsys):
     subs = _submissions(tmp_path)
     ws = tmp_path / "ws"
     t0 = time.perf_counter()
-    # 15 s per cell: the infinite loop is interrupted, the notebook goes on (and fails its tests);
+    # 30 s per cell (15 s lost a correct cell once on a loaded 2-core machine): the infinite loop is
+    # interrupted, the notebook goes on (and fails its tests);
     # the per-notebook limit (--timeout) is tested in test_autograder.py
-    results = workers.autograde(subs, ws, timeout=300, cell_timeout=15, jobs=2, quiet=True)
+    results = workers.autograde(subs, ws, timeout=300, cell_timeout=30, jobs=2, quiet=True)
     seconds = time.perf_counter() - t0
     res = {r.student: r for r in results}
     assert set(res) == set(CORPUS)
