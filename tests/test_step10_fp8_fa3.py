@@ -160,7 +160,7 @@ SCRIPT = """
             try:
                 fn()
             except RuntimeError as e:
-                assert "sm_89" in str(e), e
+                assert "sm_89" in str(e) and "v7_fp8_fa3" in str(e), e
             else:
                 raise AssertionError("ran on a CPU")
     attempt(refuses_cpu, kind="entry", case="refuses_cpu")
@@ -279,3 +279,23 @@ def test_the_gpu_path_compiles_for_sm90():
     r = subprocess.run([sys.executable, "-c", COMPILE, str(LADDER)], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+
+
+def test_outlier_check_passes_exact_attention_and_refuses_a_wrong_descale():
+    """check_fp8 on FA3's outlier inputs (CPU size): exact attention passes with its RMSE recorded; an
+    output off by a forgotten factor of 2 (a descale applied twice, or not at all) is refused."""
+    import torch
+
+    from facourse.fp8 import FP8_OUTLIER_CASES, check_fp8
+    from facourse.reference import reference_attention
+    from facourse.rule import AttentionCheckError
+
+    def exact(q, k, v, causal=False, scale=None):
+        o, lse = reference_attention(q.float(), k.float(), v.float(), causal)
+        return o.to(q.dtype), lse
+
+    for case in FP8_OUTLIER_CASES:
+        assert check_fp8(exact, case, device="cpu", verbose=False)["rmse"] < 1e-3
+        with pytest.raises(AttentionCheckError, match="RMSE"):
+            check_fp8(lambda q, k, v, causal=False, scale=None: (2 * exact(q, k, v)[0], exact(q, k, v)[1]),
+                      case, device="cpu", verbose=False)

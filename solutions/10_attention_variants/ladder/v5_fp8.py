@@ -135,10 +135,10 @@ def quantize_fp8(x):
     return (x.float() / descale[..., None, None]).to(torch.float8_e4m3fn), descale
 
 
-def require_fp8_gpu(t):
+def require_fp8_gpu(t, rung="v5_fp8"):
     if not (t.is_cuda and torch.cuda.get_device_capability(t.device) >= (8, 9)):
         where = f"sm_{''.join(map(str, torch.cuda.get_device_capability(t.device)))}" if t.is_cuda else "the CPU"
-        raise RuntimeError(f"v5_fp8 needs a GPU with FP8 tensor cores (sm_89 or later: Ada, Hopper); the "
+        raise RuntimeError(f"{rung} needs a GPU with FP8 tensor cores (sm_89 or later: Ada, Hopper); the "
                            f"tensors are on {where}")
 
 

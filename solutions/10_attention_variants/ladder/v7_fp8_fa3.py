@@ -345,23 +345,17 @@ def run_end_to_end(q, k, v, causal=True, scale=None):
     return run_kernel(q8, k8, v8t, dq, dk, dv, causal, scale, q.dtype)
 
 
-def require_fp8_gpu(t):
-    if not (t.is_cuda and torch.cuda.get_device_capability(t.device) >= (8, 9)):
-        raise RuntimeError("v7_fp8_fa3 needs a GPU with FP8 tensor cores (sm_89 or later: Ada, Hopper); the tensors "
-                           f"are on {'a GPU below sm_89' if t.is_cuda else 'the CPU'}")
-
-
 def flash_attention_fp8_prequantized(q8, k8, v8t, descale_q, descale_k, descale_v, causal=True, scale=None,
                                      out_dtype=torch.float16):
     """The FP8 kernel on inputs already quantised (quantize_fp8 or quantize_qkv): see run_kernel."""
-    require_fp8_gpu(q8)
+    v5.require_fp8_gpu(q8, "v7_fp8_fa3")
     return run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype)
 
 
 def flash_attention_fp8(q, k, v, causal=True, scale=None):
     """FP8 attention: q [B, Hq, Sq, D], k and v [B, Hkv, Skv, D] in fp16 or bf16, quantised by the
     fused kernels (rotation, per-block scales, V transposed). Returns (o in q's dtype, lse fp32)."""
-    require_fp8_gpu(q)
+    v5.require_fp8_gpu(q, "v7_fp8_fa3")
     return run_end_to_end(q, k, v, causal, scale)
 
 
