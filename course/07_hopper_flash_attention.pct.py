@@ -733,6 +733,17 @@ if R7:
 # either: 487 TFLOP/s on `large` against v4's 495, and on the window 391-399 TFLOP/s against 396-401,
 # each pair alternating in one run on an H100 (`benchmarks/results/2026-11-27_h100_step07_v5_stages3.txt`,
 # a text record: the table above is the committed full run, which predates the rung).
+#
+# Why does `v3_overlap` buy nothing? Its PTX is right: the softmax of $S_j$ sits between
+# `wgmma.wait_group 1` ($S_j$ ready) and `wgmma.wait_group 0` ($PV_{j+1}$ done). But ptxas, which
+# schedules the SASS, moves the second wait above the softmax: between the two waits of the compiled
+# loop stand the mask's instructions and none of the 66 `MUFU` (the exponentials), so the softmax runs
+# after the product, not under it. A wait made conditional on the softmax's row sums stays below it
+# and puts the overlap back into the SASS, and v4 built that way ran no faster on an H200: 0.90-1.00x
+# cuDNN on the 4k-16k sweep against 0.93-1.03x without it, in two runs of one day
+# (`benchmarks/results/2026-11-27_h200_step10_v8_probes.txt`, section 4). At fp16's GEMM cost the
+# ping-pong between warpgroups already hides the softmax. In e4m3 the GEMMs take half the time and it
+# no longer does: step 10's `v8_hopper_fp8` is this kernel in FP8, and there the softmax sets the pace.
 
 # %% [markdown]
 # ## 10. Run it on a Hopper GPU

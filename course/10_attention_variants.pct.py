@@ -907,6 +907,25 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # to back and with CUDA events around each call and no spin: the last counts the host's time to launch
 # four kernels (the three quantisers, then attention) as GPU time, and it is the lowest.
 #
+# The last row, `v8_hopper_fp8`, is step 07's CUDA kernel (TMA, WGMMA, two consumer warpgroups taking
+# turns at the tensor cores) with both products in e4m3, fed by v7's quantisers: the same RMSE as v7,
+# and slower than both Triton rungs. Three things change when step 07's kernel goes to e4m3. Hopper's
+# 8-bit WGMMA reads shared memory K-major only, so $\tilde P V$ reads $V^\top$. Each instruction covers
+# 32 keys instead of 16. And the registers that hold $\tilde P$ must be rearranged: the accumulator of $S$
+# gives each lane of a quad the key pairs $\{2t, 2t+1\}$ and $\{8+2t, 9+2t\}$ of every 16, while the
+# e4m3 operand wants $\{4t, \ldots, 4t+3\}$. Two shuffles inside the quad and a few byte permutes per 16
+# columns do it. None of these is what costs the speed. The tensor cores do an e4m3 product in half the
+# time of an fp16 one, but the softmax costs the same instructions per key block as in fp16 (one
+# exponential, one multiply-add, one max and one add per score), and in ping-pong one warp per
+# scheduler runs it while the other warpgroup's GEMMs run. In fp16 those GEMMs hid it; in e4m3 they are
+# too short. On an H200, Nsight Compute found the tensor pipe 38.1% busy and the issue slots 48.63%.
+# Turning off ping-pong, deepening the ring, dropping the softmax overlap or skipping the register
+# exchange each moved the speed by 5.6% or less (`benchmarks/results/2026-11-27_h200_step10_v8_probes.txt`).
+# Triton's v5 and v7 run two or three independent programs per SM instead, and reach
+# 852-915 TFLOP/s on inputs already in e4m3 in the same run (`2026-11-27_h200_step10_v8.json`). FlashAttention-3 reports
+# about 1.2 PFLOP/s in FP8 on an H100 with a CUDA kernel of this shape; getting there takes a softmax
+# that overlaps the tensor cores better, and this course has not got there yet.
+#
 # ## 8. On a GPU: FlexAttention with a sliding window
 #
 # The cell times PyTorch's FlexAttention, compiled (`torch.compile(flex_attention)` generates a Triton

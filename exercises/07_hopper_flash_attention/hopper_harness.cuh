@@ -54,17 +54,15 @@ HP_DEVICE void consumer(unsigned char* smem, Barriers& bars, const FaParams& p, 
 }
 
 // ============================================================================ kernel
-template <typename T, int D>
-__global__ void __launch_bounds__(NTHREADS, 1)
-    hopper_fa_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                     const __grid_constant__ CUtensorMap tm_v, const FaParams p, int* tile_counter) {
-  unsigned char* smem = smem_base();
-  Barriers& bars = barriers<D>();
+// Thread 0 fetches the tensor maps and sets up the ring's, Q's and the tile hand-over's mbarriers (full:
+// one arrival, the producer's; empty: one lane per consumer warp); then the whole CTA syncs.
+HP_DEVICE void init_barriers(Barriers& bars, const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                             int* tile_counter) {
   if (threadIdx.x == 0) {
     bars.counter = tile_counter;
-    prefetch_tensormap(&tm_q);
-    prefetch_tensormap(&tm_k);
-    prefetch_tensormap(&tm_v);
+    prefetch_tensormap(tm_q);
+    prefetch_tensormap(tm_k);
+    prefetch_tensormap(tm_v);
     mbar_init(&bars.q_full, 1);
     mbar_init(&bars.q_empty, 4 * kConsumers);
     for (int s = 0; s < STAGES; ++s) {
@@ -80,6 +78,15 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     fence_barrier_init();
   }
   __syncthreads();
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(NTHREADS, 1)
+    hopper_fa_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                     const __grid_constant__ CUtensorMap tm_v, const FaParams p, int* tile_counter) {
+  unsigned char* smem = smem_base();
+  Barriers& bars = barriers<D>();
+  init_barriers(bars, &tm_q, &tm_k, &tm_v, tile_counter);
   const TileScheduler<D> sched(p);
   if (threadIdx.x < 128) {  // warpgroup 0: the producer
     setmaxnreg_dec<kProducerRegs>();
@@ -106,8 +113,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A [B, H, S, D] tensor (strides in elements, D contiguous) as a 4-D tensor map with coordinates
-// (d, s, h, b); one box is 64 columns x `rows` rows, 128-byte swizzled. TMA wants a 16-byte aligned
-// base and strides that are multiples of 16 bytes (the binding makes a tensor contiguous otherwise).
+// (d, s, h, b); one box is one 128-byte panel (64 16-bit or 128 8-bit columns) x `rows` rows, 128-byte
+// swizzled. TMA wants a 16-byte aligned base and strides that are multiples of 16 bytes (the binding
+// makes a tensor contiguous otherwise). T: __half, __nv_bfloat16, or uint8_t for e4m3 (step 10's v8).
 template <typename T>
 int make_tensor_map(CUtensorMap* map, const void* ptr, int D, int S, int H, int B, int64_t ss, int64_t sh, int64_t sb,
                     int rows) {
@@ -116,14 +124,35 @@ int make_tensor_map(CUtensorMap* map, const void* ptr, int D, int S, int H, int 
   auto bytes = [](int64_t stride) { return (cuuint64_t)(stride > 0 ? stride : 8) * sizeof(T); };
   const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)H, (cuuint64_t)B};
   const cuuint64_t strides[3] = {bytes(ss), bytes(sh), bytes(sb)};
-  const cuuint32_t box[4] = {(cuuint32_t)PANEL, (cuuint32_t)rows, 1, 1};
+  const cuuint32_t box[4] = {(cuuint32_t)(128 / sizeof(T)), (cuuint32_t)rows, 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType dtype =
-      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType dtype = sizeof(T) == 1                     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                    : std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUresult r = encode(map, dtype, 4, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? 0 : (int)cudaErrorInvalidValue;
+}
+
+// The grid (one CTA per tile, or persistent: one per SM at most) and the persistent kernel's tile counter
+// (one int per device, zeroed before every launch; nullptr otherwise).
+inline int persistent_setup(const FaParams& p, cudaStream_t stream, int** counter, int* grid) {
+  const int tiles = (p.Sq + BLOCK_M - 1) / BLOCK_M * p.Hq * p.B;
+  *grid = tiles;
+  *counter = nullptr;
+  if (!HFA_PERSISTENT) return 0;
+  static int* counters[64] = {};
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  *grid = tiles < sms ? tiles : sms;
+  if (!counters[device]) {
+    cudaError_t e = cudaMalloc(&counters[device], sizeof(int));
+    if (e != cudaSuccess) return (int)e;
+  }
+  *counter = counters[device];
+  return (int)cudaMemsetAsync(*counter, 0, sizeof(int), stream);
 }
 
 template <typename T, int D>
@@ -136,29 +165,12 @@ int launch(const FaParams& p, cudaStream_t stream) {
   if (!err) err = make_tensor_map<T>(&tm_v, p.v, D, p.Skv, p.Hkv, p.B, p.v_ss, p.v_sh, p.v_sb, BLOCK_N);
   if (err) return err;
   int* counter = nullptr;
-  if (HFA_PERSISTENT) {  // the tile counter: one int per device, zeroed before every launch
-    static int* counters[64] = {};
-    int device = 0;
-    cudaGetDevice(&device);
-    if (!counters[device]) {
-      cudaError_t e = cudaMalloc(&counters[device], sizeof(int));
-      if (e != cudaSuccess) return (int)e;
-    }
-    counter = counters[device];
-    cudaError_t e = cudaMemsetAsync(counter, 0, sizeof(int), stream);
-    if (e != cudaSuccess) return (int)e;
-  }
+  int grid = 0;
+  err = persistent_setup(p, stream, &counter, &grid);
+  if (err) return err;
   auto kernel = hopper_fa_kernel<T, D>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
   if (e != cudaSuccess) return (int)e;
-  const int tiles = (p.Sq + BLOCK_M - 1) / BLOCK_M * p.Hq * p.B;
-  int grid = tiles;
-  if (HFA_PERSISTENT) {
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    grid = tiles < sms ? tiles : sms;
-  }
   kernel<<<grid, NTHREADS, L::kBytes, stream>>>(tm_q, tm_k, tm_v, p, counter);
   return (int)cudaGetLastError();
 }
