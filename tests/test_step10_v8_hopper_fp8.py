@@ -95,10 +95,10 @@ def test_gpu_cuda_kernel_agrees_with_v7(v8, monkeypatch, out_dtype):
     monkeypatch.setattr(v8.v7, "run_kernel", lambda *a: pytest.fail("v8 sent this call to v7's Triton kernel"))
     for B, Hq, Hkv, Sq, Skv, causal in SHAPES:
         q, k, v = (t.cuda() for t in _inputs(B, Hq, Hkv, Sq, Skv, 128, out_dtype))
-        for per_128 in (False, True):        # q descales per 64 rows (the end-to-end path) or per 128 (quantize_fp8)
+        for per_128 in (False, True):        # the end-to-end path (rotated, q per 64 rows), or quantize_fp8 (per 128)
             q8, dq, k8, dk, v8t, dv = v8.v7.quantize_qkv(q, k, v)
-            if per_128:
-                q8, dq = v8.quantize_fp8(q)
+            if per_128:                      # q and k alike: both unrotated
+                (q8, dq), (k8, dk) = v8.quantize_fp8(q), v8.quantize_fp8(k)
             ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), causal)
             want, want_lse = v7_run(q8, k8, v8t, dq, dk, dv, causal, None, out_dtype)
             for _ in range(2):
