@@ -918,7 +918,8 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # time of an fp16 one, but the softmax costs the same instructions per key block as in fp16 (one
 # exponential, one multiply-add, one max and one add per score), and in ping-pong one warp per
 # scheduler runs it while the other warpgroup's GEMMs run. In fp16 those GEMMs hid it; in e4m3 they are
-# too short. On an H200, Nsight Compute found the tensor pipe 38.1% busy and the issue slots 48.63%.
+# too short. On an H200, Nsight Compute found the tensor pipe 38.1% busy and the issue slots 48.63% (on its
+# first build, 727 TFLOP/s on `long` where the committed build ran 702-737 in the same probes).
 # Turning off ping-pong, deepening the ring, dropping the softmax overlap or skipping the register
 # exchange each moved the speed by 5.6% or less (`benchmarks/results/2026-11-27_h200_step10_v8_probes.txt`).
 # Triton's v5 and v7 run two or three independent programs per SM instead, and reach
