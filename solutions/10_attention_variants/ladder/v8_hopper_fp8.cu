@@ -104,8 +104,9 @@ HP_DEVICE void convert_p_e4m3(const float (&s)[64], uint32_t (&p)[4][4], int lan
     }
 }
 
-// The online softmax of one key block: step 07's online_softmax_update with P times 2^P_LOG2 and its maxima
-// and sums as trees (a short critical path: the other warpgroup's GEMMs, twice as fast in e4m3, hide less).
+// The online softmax of one key block: step 07's online_softmax_update with P times 2^P_LOG2 (which its
+// signature has no room for) and its maxima and sums as trees, for shorter dependency chains. The trees were
+// not timed apart: the first build, with step 07's chains, ran 727 TFLOP/s on long (v8 probes record).
 HP_DEVICE void softmax(float (&s)[64], float (&m)[2], float (&l)[2], float (&alpha)[2], float c) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -160,7 +161,7 @@ HP_DEVICE void producer(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const 
 }
 
 // One tile of one consumer warpgroup: step 07's software-pipelined mainloop (S_j and P_{j+1} V_{j+1} issued
-// together, the softmax of S_j under the product), with the descales: S_j times scale dq dk[j]; O is kept
+// together, the softmax of S_j placed under the product in the PTX), with the descales: S_j times scale dq dk[j]; O is kept
 // in units of the last product's dv, rescaled by alpha * dv[j+1] / dv[j] before P_j V_j joins it.
 HP_DEVICE void mainloop(Accum<D>& acc, unsigned char* smem, Barriers& bars, const Fp8Params& f, const Tile& tile,
                         int nb, uint32_t q_parity, int& it, int wg) {
