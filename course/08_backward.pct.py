@@ -25,7 +25,10 @@
 # - causal tile skipping in the backward, and GQA: $dK$, $dV$ summed over the query heads of a group;
 # - the FLOP count (2.5× the forward) and where the time goes;
 # - a tiled backward in PyTorch inside a `torch.autograd.Function` whose forward saves $O(N)$ state,
-#   used to train a small transformer, step for step against PyTorch's own attention.
+#   used to train a small transformer, step for step against PyTorch's own attention;
+# - on Hopper: which of the backward's products run as WGMMA with which operand in registers, why
+#   $dQ$ is the hard part, and the two ways to collect it (in any order, or in a fixed one) with
+#   what each costs, measured.
 #
 # **Papers followed.** FlashAttention (Dao, Fu, Ermon, Rudra, Ré 2022): §3.1 and Appendix B
 # (recomputation, the backward pass, the rowsum trick for the softmax gradient). FlashAttention-2
@@ -784,6 +787,100 @@ if gpu_or_skip("timing SDPA's backward"):
                   f"{4 * D * pairs / tf / 1e9:12.0f} {10 * D * pairs / tb / 1e9:12.0f}")
 
 # %% [markdown]
+# ## 9. On Hopper: the backward with WGMMA, and where $dQ$ goes
+#
+# Exercise 08's kernels are Triton; the step's solution ladder ends with a CUDA rung for H100/H200,
+# `v4_hopper` (`solutions/08_backward/ladder/v4_hopper.cu`), written with lecture 07's instructions
+# and helpers (TMA, mbarriers, WGMMA, a producer warpgroup and two consumer warpgroups) and following
+# FlashAttention-3's plan for the backward (Shah et al. 2024, §3 and Appendix B).
+#
+# One CTA owns a block of 128 keys, keeps $K_j$ and $V_j$ in shared memory for its whole life, and
+# walks the query blocks $i$ of 64 rows that see it (causal: from the first row that sees key $128j$),
+# with $Q_i$, $dO_i$ arriving by TMA in a two-deep ring. Each consumer warpgroup owns 64 of the keys,
+# and per query block issues five products:
+#
+# | product | per warpgroup | WGMMA form | A | B |
+# |---|---|---|---|---|
+# | $S^\top = K_j Q_i^\top$ | 64 keys × 64 queries, $k = d$ | SS | $K_j$ (shared, K-major) | $Q_i$ (shared, K-major) |
+# | $dP^\top = V_j\, dO_i^\top$ | 64 × 64, $k = d$ | SS | $V_j$ | $dO_i$ |
+# | $dV_j \mathrel{+}= P^\top dO_i$ | 64 × $d$, $k = 64$ | RS | $P^\top$ (registers) | $dO_i$ (shared, MN-major) |
+# | $dK_j \mathrel{+}= dS^\top Q_i$ | 64 × $d$, $k = 64$ | RS | $dS^\top$ (registers) | $Q_i$ (shared, MN-major) |
+# | $dQ_i \mathrel{+}= dS\,K_j$ | 64 queries × 64 of $d$, $k = 128$ keys | SS | $dS^\top$ (shared, read transposed) | $K_j$ (shared, MN-major) |
+#
+# **Why $S^\top$, not $S$.** A WGMMA accumulator is laid out exactly as the A operand of the next
+# product wants its registers (lecture 07, section 4: the `mma.sync` fragments stacked along $N$). With
+# keys as the rows, $P^\top$ and $dS^\top$ come out of the first two products already in the place
+# where $dV$ and $dK$ take their A operand: no transpose through shared memory. Only $dQ$ wants $dS$
+# with queries as rows; WGMMA reads an A operand from shared memory either way round (its "transpose
+# A" immediate, `wgmma_ss<T, N, 1, 1>` in `hopper_primitives.cuh`), so $dS^\top$ is stored once,
+# 128-byte swizzled like a TMA tile, and both warpgroups read all 128 keys of it after one barrier.
+#
+# **Registers.** $dK_j$ and $dV_j$ stay in registers for the whole walk: at $d = 128$ that is
+# $2 \times 64 \times 128$ fp32 values per warpgroup, 128 registers per thread, before $S^\top$ and
+# $dP^\top$ (32 each) are in flight. `setmaxnreg` gives each consumer thread 232 and the producer 40, as
+# in lecture 07. The budget is tight enough that the compiler's view of it decides the speed: with a
+# deadlock trap (`__trap()` after four seconds) in the consumers' barrier waits, ptxas reported
+# "wgmma.mma_async instructions are serialized due to insufficient register resources" (C7512), waited
+# after every WGMMA and spilled, and the first build ran at 155-185 TFLOP/s on an H200
+# (`2026-11-27_h200_step08_v4_probes.txt`); without the trap, nothing else changed, no spill and no
+# serialisation. The consumers now spin without one (`mbar_wait_spin`); the producer, whose waits
+# keep the trap, stops a lost arrival as well. The lesson generalises: read ptxas's `-v` output and
+# its C75xx notes for every WGMMA kernel, not only the spill count.
+#
+# **Why $dQ$ is the hard part.** $dQ_i = \sum_j dS_{ij} K_j$ sums over key blocks, which live in
+# different CTAs. Two ways to collect it:
+#
+# - *add as you go*: every CTA adds its $64 \times d$ fp32 partial into a buffer in global memory.
+#   FlashAttention-2 uses one atomic add per element; v4, like FlashAttention-3, hands the tile to a
+#   writer thread through shared memory, which adds all of it in one instruction
+#   (`cp.reduce.async.bulk ... .add.f32`, done in L2), and a small kernel scales and converts the
+#   buffer at the end. The CTAs arrive in any order and fp32 addition is not associative: the last
+#   bits of $dQ$ change from run to run (section 3's demonstration, now in hardware).
+# - *in a fixed order*: either a separate pass for $dQ$ that loops over key blocks inside one program
+#   (v3's choice: it recomputes $S$ and $dP$, seven products where five would do), or v4's
+#   `deterministic=True`: a counter per $dQ$ tile, and the writer of key block $n$ adds only when the
+#   counter reads $n$, waits until its add has landed, then bumps it. CTAs take their key blocks in
+#   order from a ticket counter, so the block it waits for is already running and never waits on it.
+#   The price is the wait: where every key block of a head reaches the same tile at the same time
+#   (non-causal, short sequences), each waits on the one before.
+#
+# The cell below reads the committed ladder run: each rung's backward at the 4k-16k points (fp16,
+# TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs.
+
+# %%
+R08 = results.load("08")
+if not R08 or "v4_hopper" not in R08.get("rungs", {}):
+    print("No measurement of step 08's Hopper rung is committed yet (course/results/measured.json).")
+else:
+    def rate(rung, cfg, backend="FLASH_ATTENTION", key="tflops"):
+        for r in R08["rows"]:
+            if (r["rung"], r["config"], r["dtype"], r["ref_backend"][:15], r.get("mode")) == \
+                    (rung, cfg, "float16", backend[:15], None):
+                return r[key]
+        return float("nan")
+
+    cfgs = ["causal_4k", "causal_8k", "causal_16k", "noncausal_4k", "noncausal_8k", "noncausal_16k"]
+    rungs = ["v2_two_kernel", "v3_tma_causal_split", "v4_hopper", "v4_hopper_deterministic"]
+    bars = {r: [rate(r, c) for c in cfgs] for r in rungs}
+    bars["SDPA cuDNN"] = [rate("v4_hopper", c, "CUDNN_ATTENTION", "tflops_ref") for c in cfgs]
+    bars["SDPA FA2"] = [rate("v4_hopper", c, key="tflops_ref") for c in cfgs]
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    width = 0.8 / len(bars)
+    for k, (name, ys) in enumerate(bars.items()):
+        ax.bar([i + k * width for i in range(len(cfgs))], ys, width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cfgs))], cfgs)
+    ax.set_ylabel("backward TFLOP/s (fp16)")
+    ax.set_title(f"step 08's ladder on {R08['env']['gpu']} ({R08['env']['date']})")
+    ax.legend(ncol=3, fontsize=8)
+    plt.show()
+    # each ratio from rows of one run: v4 against cuDNN timed in the same round, the others against FA2's rows
+    print(f"{'config':>14s} {'v4 / cuDNN':>10s} {'v4 / v3':>8s} {'deterministic / default':>24s}")
+    for c in cfgs:
+        v4, det = rate("v4_hopper", c), rate("v4_hopper_deterministic", c)
+        print(f"{c:>14s} {rate('v4_hopper', c, 'CUDNN_ATTENTION', 'ratio'):10.2f} "
+              f"{v4 / rate('v3_tma_causal_split', c):8.2f} {det / v4:24.2f}")
+
+# %% [markdown]
 # ## Summary
 #
 # - The gradients follow from the forward's three lines: $dV = P^\top dO$, $dP = dO V^\top$,
@@ -796,6 +893,10 @@ if gpu_or_skip("timing SDPA's backward"):
 #   instead of 2.5× the forward's FLOPs). Causal: a key tile's program starts at the first query
 #   tile that sees it.
 # - The backward does 2.5× the forward's matmul FLOPs, and runs at a lower fraction of peak.
+# - On Hopper (the ladder's v4): $S^\top$ and $dP^\top$ by WGMMA so that $P^\top$ and $dS^\top$ feed $dV$
+#   and $dK$ from registers; $dQ$ from $dS^\top$ in shared memory read transposed, added across CTAs
+#   in L2 by a bulk reduce-add, or in a fixed order behind a counter per tile when it must be
+#   bit-reproducible. Read ptxas's notes: a trap in a wait loop serialised every WGMMA.
 #
 # **Next:** exercise 08 writes the forward and the backward as Triton kernels behind
 # `flash_attention_train`.

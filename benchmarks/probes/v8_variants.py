@@ -14,9 +14,8 @@ import torch  # noqa: E402
 
 import v8_hopper_fp8 as v8  # noqa: E402
 from facourse.configs import get_config, make_inputs  # noqa: E402
-from facourse.cuda_build import load_cuda_extension  # noqa: E402
+from facourse.cuda_build import load_hopper_rung  # noqa: E402
 from facourse.fp8 import bench_fp8  # noqa: E402
-from facourse.steps import step_dir  # noqa: E402
 
 if sys.argv[1:] == ["--one"]:
     q, k, v = make_inputs(get_config("long", "cuda"), 0, "cuda", torch.float16)
@@ -26,10 +25,10 @@ if sys.argv[1:] == ["--one"]:
         v8.flash_attention_fp8_prequantized(q8, k8, vt, dq, dk, dv, causal=False)
     torch.cuda.synchronize()
     sys.exit(0)
-step07, base = step_dir("07"), v8.extension()
+base = v8.extension()
 for flag in sys.argv[1:]:
-    ext = load_cuda_extension("fa10_v8_" + flag.lower().replace("=", "_"), [v8.KERNEL, v8.BINDING], arch="sm_90a",
-                              include_dirs=[v8.KERNEL.parent, step07 / "ladder", step07], extra_cuda_cflags=["-D" + flag])
+    ext = load_hopper_rung("fa10_v8_" + flag.lower().replace("=", "_"), [v8.KERNEL, v8.BINDING], [v8.KERNEL.parent],
+                           extra_cuda_cflags=["-D" + flag])
     for name, e in (("committed", base), (flag, ext)):
         v8._extension = e
         r = bench_fp8(v8.flash_attention_fp8_prequantized, v8.quantize_fp8, "long", backend="CUDNN_ATTENTION")

@@ -4,15 +4,15 @@ import json, os, sys, statistics
 sys.path[:0] = ["src", ".", "solutions/10_attention_variants/ladder"]
 import torch
 from facourse import bench
-from facourse.cuda_build import load_cuda_extension
+from facourse.cuda_build import load_hopper_rung
 from facourse.steps import step_dir
 from facourse.variants import bench_variant, check_variant
 import v6_hopper_window as v6
 
 s07 = step_dir("07")
 exts = {"stages2": v6.extension(),
-        "stages3": load_cuda_extension("fa10_v6_stages3", [v6.KERNEL, s07 / "fa_binding.cpp"], arch="sm_90a",
-                                       include_dirs=[s07 / "ladder", s07], extra_cuda_cflags=["-DHFA_STAGES=3"])}
+        "stages3": load_hopper_rung("fa10_v6_stages3", [v6.KERNEL, s07 / "fa_binding.cpp"],
+                                    extra_cuda_cflags=["-DHFA_STAGES=3"])}
 out = {"gpu": torch.cuda.get_device_name(), "checks": {}, "rows": []}
 for name, ext in exts.items():
     v6._extension = ext

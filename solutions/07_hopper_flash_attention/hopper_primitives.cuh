@@ -2,9 +2,11 @@
 // function each, written as inline PTX. Nothing here knows about attention.
 //
 //   mbarrier    mbar_init, mbar_expect_tx, mbar_arrive, mbar_wait (phase parity)
-//   TMA         tma_load_4d (cp.async.bulk.tensor), prefetch_tensormap
+//   TMA         tma_load_4d (cp.async.bulk.tensor), prefetch_tensormap; bulk_reduce_add_f32,
+//               bulk_commit/wait, fence_proxy_async_shared (step 08's Hopper backward adds dQ with them)
 //   WGMMA       smem_desc (shared-memory matrix descriptor), wgmma_fence/commit/wait,
-//               wgmma_ss_n128 (A and B from shared memory), wgmma_rs<N> (A from registers)
+//               wgmma_ss_n128 (A and B from shared memory), wgmma_rs<N> (A from registers),
+//               wgmma_ss<T, N, TA, TB> (the shared-memory form at N 64 or 128, either operand MN-major)
 //   warpgroups  setmaxnreg_inc/dec, named_bar_sync/arrive
 //   math        exp2_approx, quad_max/quad_sum, pack2 (two floats -> one f16x2/bf16x2 register)
 //
@@ -70,6 +72,13 @@ HP_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_try_wait(bar, parity))
     if (global_timer_ns() - t0 > HP_DEADLOCK_NS) __trap();
 }
+// The same wait without the deadlock trap, for code whose registers are tight: a trap in a warpgroup's
+// code made ptxas serialise every WGMMA of step 08's backward consumers for want of registers (C7512).
+// Use it only where a partner (the producer, waiting on the matching "empty" barrier) keeps the trap.
+HP_DEVICE void mbar_wait_spin(uint64_t* bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
 
 // ------------------------------------------------------------------------------ TMA
 // Copy one box of a 4-D tensor (coordinates innermost first) into shared memory; the barrier's
@@ -83,6 +92,27 @@ HP_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int
 HP_DEVICE void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// Add `bytes` of fp32 from shared memory into global memory, element by element in L2 (atomic per
+// element, in no fixed order across CTAs); completion is tracked by bulk groups.
+HP_DEVICE void bulk_reduce_add_f32(float* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+               ::"l"(dst), "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+HP_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Wait until at most N bulk groups still read their shared-memory source (the buffer may be reused)...
+template <int N>
+HP_DEVICE void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// ... or are still in flight at all (their writes done and visible to this thread).
+template <int N>
+HP_DEVICE void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+// This thread's ordinary shared-memory stores become visible to the async proxy (WGMMA, bulk copies)
+// that reads them next: after the stores, before the barrier that hands the buffer over.
+HP_DEVICE void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif  // FA_CPU_EMULATION
 
 // ------------------------------------------------------------------------------ WGMMA
@@ -127,22 +157,43 @@ HP_DEVICE void pin_registers(uint32_t (&r)[N][4]) {
 #define HP_R32_63 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
                   "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
-// D[64 x 128] (+)= A[64 x 16] * B[16 x 128]; A and B K-major in shared memory (S = Q K^T).
+// The shared-memory form in PTX: A's and B's descriptors, the accumulate flag and the two transpose
+// immediates are the operands after the N/2 accumulators (their numbers: A_ .. TB_).
+#define HP_WGMMA_SS(SHAPE, TY, REGS, A_, B_, P_, TA_, TB_, ...)                                              \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " P_ ", 0;\n"                                            \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " {" REGS "}, " A_ ", " B_ ", p, 1, 1, " \
+               TA_ ", " TB_ ";\n}\n"                                                                        \
+               : __VA_ARGS__                                                                                \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB))
+#define HP_WGMMA_SS_T(SHAPE, REGS, A_, B_, P_, TA_, TB_, ...)                     \
+  if constexpr (std::is_same<T, __half>::value)                                   \
+    HP_WGMMA_SS(SHAPE, "f16", REGS, A_, B_, P_, TA_, TB_, __VA_ARGS__);           \
+  else                                                                            \
+    HP_WGMMA_SS(SHAPE, "bf16", REGS, A_, B_, P_, TA_, TB_, __VA_ARGS__)
+
+// D[64 x N] (+)= A[64 x 16] * B[16 x N], both from shared memory. TA = 0: A K-major (rows of k values,
+// as Q in S = Q K^T); TA = 1: A MN-major (A^T stored, its m contiguous: step 08's dQ = dS K reads dS^T).
+// TB likewise for B (0: K-major, as K in S = Q K^T; 1: MN-major, as V in O = P V).
 // Accumulator layout per thread (warp w of the warpgroup, lane l): d[4j + 2h + e] is row
-// 16w + l/4 + 8h, column 8j + 2(l%4) + e -- the mma.sync C fragment, stacked 16 times along N.
+// 16w + l/4 + 8h, column 8j + 2(l%4) + e -- the mma.sync C fragment, stacked N/8 times along N.
+template <typename T, int N, int TA, int TB>
+HP_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(N == 128 || N == 64, "wgmma_ss: N is 64 or 128");
+  if constexpr (N == 128) {
+    HP_WGMMA_SS_T("m64n128k16", HP_R0_31 ", " HP_R32_63, "%64", "%65", "%66", "%67", "%68",
+                  HP_ACC8(0), HP_ACC8(8), HP_ACC8(16), HP_ACC8(24), HP_ACC8(32), HP_ACC8(40), HP_ACC8(48), HP_ACC8(56));
+  } else {
+    HP_WGMMA_SS_T("m64n64k16", HP_R0_31, "%32", "%33", "%34", "%35", "%36",
+                  HP_ACC8(0), HP_ACC8(8), HP_ACC8(16), HP_ACC8(24));
+  }
+}
+#undef HP_WGMMA_SS_T
+#undef HP_WGMMA_SS
+
+// S = Q K^T: N = 128, A and B K-major.
 template <typename T>
 HP_DEVICE void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  if constexpr (std::is_same<T, __half>::value) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" HP_R0_31 ", " HP_R32_63 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : HP_ACC8(0), HP_ACC8(8), HP_ACC8(16), HP_ACC8(24), HP_ACC8(32), HP_ACC8(40), HP_ACC8(48), HP_ACC8(56)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  } else {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" HP_R0_31 ", " HP_R32_63 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : HP_ACC8(0), HP_ACC8(8), HP_ACC8(16), HP_ACC8(24), HP_ACC8(32), HP_ACC8(40), HP_ACC8(48), HP_ACC8(56)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  }
+  wgmma_ss<T, 128, 0, 0>(d, desc_a, desc_b, accumulate);
 }
 
 // D[64 x N] += A[64 x 16] * B[16 x N] with A in registers (the mma.sync A fragment of each warp's

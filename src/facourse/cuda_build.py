@@ -24,7 +24,7 @@ from pathlib import Path
 from .errors import TeachingError
 
 __all__ = ["CompileReport", "HOPPER_OPCODES", "KernelResources", "SassCheckError", "ToolUnavailable", "check_sass",
-           "count_opcodes", "find_cuobjdump", "gencode_flag", "load_cuda_extension", "nvcc_compile_check",
+           "count_opcodes", "find_cuobjdump", "gencode_flag", "load_cuda_extension", "load_hopper_rung", "nvcc_compile_check",
            "nvcc_errors", "sass_opcodes", "sass_summary"]
 
 
@@ -76,6 +76,15 @@ def load_cuda_extension(name: str, sources, *, arch: str | None = None, include_
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = old
+
+
+def load_hopper_rung(name: str, sources, include_dirs=(), extra_cuda_cflags=()):
+    """A CUDA rung built on step 07's headers (step 07's folder and its ladder/ on the include path, after
+    ``include_dirs``), for sm_90a: steps 08 and 10's Hopper rungs."""
+    from .steps import step_dir
+    step07 = step_dir("07")
+    return load_cuda_extension(name, sources, arch="sm_90a", include_dirs=[*include_dirs, step07 / "ladder", step07],
+                               extra_cuda_cflags=extra_cuda_cflags)
 
 
 # ----------------------------------------------------------------------------- compile check

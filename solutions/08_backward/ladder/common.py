@@ -52,16 +52,17 @@ def attention_forward(q, k, v, causal=False, scale=None):
     return forward_module().flash_attention_triton(q, k, v, causal=causal, scale=scale)
 
 
-def make_train_fn(attention_backward, name="FlashAttentionTrain"):
+def make_train_fn(attention_backward, name="FlashAttentionTrain", forward=None):
     """``flash_attention_train(q, k, v, causal=False, scale=None) -> o`` backed by a rung's backward.
 
     The exercise's own autograd cell (its ``FlashAttentionTrain`` saves only q, k, v, o, lse), run with
-    this forward and ``attention_backward(q, k, v, o, lse, do, causal, scale) -> (dq, dk, dv)``.
+    this forward (or ``forward``, with attention_forward's signature) and
+    ``attention_backward(q, k, v, o, lse, do, causal, scale) -> (dq, dk, dv)``.
     """
     scope = {"INTERPRET": INTERPRET, "torch": torch}
     cell = compile(exercise_source("08", ("autograd",)), f"<exercise 08: cell autograd, {name}>", "exec")
     exec(cell, scope)  # noqa: S102
-    scope.update(attention_forward=attention_forward, attention_backward=attention_backward)
+    scope.update(attention_forward=forward or attention_forward, attention_backward=attention_backward)
     fn = scope["FlashAttentionTrain"]
     fn.__name__ = fn.__qualname__ = name
     return scope["flash_attention_train"]

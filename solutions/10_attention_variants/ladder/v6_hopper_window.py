@@ -46,10 +46,8 @@ def extension():
     """The torch extension of v6_hopper_window.cu + step 07's binding (built once, for sm_90a)."""
     global _extension
     if _extension is None:
-        from facourse.cuda_build import load_cuda_extension
-        step07 = step_dir("07")
-        _extension = load_cuda_extension("fa10_v6_hopper_window", [KERNEL, step07 / "fa_binding.cpp"], arch="sm_90a",
-                                         include_dirs=[step07 / "ladder", step07])
+        from facourse.cuda_build import load_hopper_rung
+        _extension = load_hopper_rung("fa10_v6_hopper_window", [KERNEL, step_dir("07") / "fa_binding.cpp"])
     return _extension
 
 

@@ -28,7 +28,6 @@ import v7_fp8_fa3 as v7  # noqa: E402  (sets up the interpreter without a GPU, b
 
 import torch  # noqa: E402
 
-from facourse.steps import step_dir  # noqa: E402
 from facourse.triton_setup import validate_triton_inputs  # noqa: E402
 
 v5 = v7.v5
@@ -42,10 +41,8 @@ def extension():
     """The torch extension of v8_hopper_fp8.cu + its binding (built once, for sm_90a)."""
     global _extension
     if _extension is None:
-        from facourse.cuda_build import load_cuda_extension
-        step07 = step_dir("07")
-        _extension = load_cuda_extension("fa10_v8_hopper_fp8", [KERNEL, BINDING], arch="sm_90a",
-                                         include_dirs=[KERNEL.parent, step07 / "ladder", step07])
+        from facourse.cuda_build import load_hopper_rung
+        _extension = load_hopper_rung("fa10_v8_hopper_fp8", [KERNEL, BINDING], [KERNEL.parent])
     return _extension
 
 

@@ -332,6 +332,7 @@ inline FaDesc fa_desc(uint64_t d) {
 }
 struct FaGemm {
   bool rs, bf16, acc;
+  bool tb;                    // B MN-major (RS: O += P V); SS is K-major (S = Q K^T)
   int n;                      // N: 128 (S) or D (O)
   uint64_t da, db;
   float* d;                   // the accumulator registers it writes
@@ -418,7 +419,7 @@ FA_HOT inline void fa_gemm_run(const FaGemm& g, const std::vector<FaGemm>* lanes
         const FaGemm& o = (*lanes[src])[index];
         a = value((uint16_t)((k & 1) ? o.a[reg] >> 16 : o.a[reg] & 0xffffu));
       }
-      const uint32_t b = g.rs ? B.start + (k / 8) * B.stride + (k % 8) * 128 + (col / 64) * B.lead + (col % 64) * 2
+      const uint32_t b = g.tb ? B.start + (k / 8) * B.stride + (k % 8) * 128 + (col / 64) * B.lead + (col % 64) * 2
                               : B.start + (col / 8) * B.stride + (col % 8) * 128 + 2 * k;
       sum += a * value(fa_smem16(b));
     }
@@ -463,6 +464,17 @@ inline uint64_t global_timer_ns() {
       std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 inline void mbar_wait(uint64_t* bar, uint32_t parity) { fa_mbar_wait(fa_u32(bar), parity); }
+inline void mbar_wait_spin(uint64_t* bar, uint32_t parity) { fa_mbar_wait(fa_u32(bar), parity); }
+// The bulk reduce-add is step 08's backward's: step 07's kernel (all this emulator runs) has none.
+inline void fa_not_step07(const char* what) {
+  fa_fail(fa_str("%s: %s is an instruction of step 08's Hopper backward; step 07's kernel does not use it",
+                 fa_who().c_str(), what));
+}
+inline void bulk_reduce_add_f32(float*, const void*, uint32_t) { fa_not_step07("bulk_reduce_add_f32"); }
+inline void bulk_commit() { fa_not_step07("bulk_commit"); }
+template <int N> inline void bulk_wait_read() { fa_not_step07("bulk_wait_read"); }
+template <int N> inline void bulk_wait() { fa_not_step07("bulk_wait"); }
+inline void fence_proxy_async_shared() {}
 inline void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
   fa_tma_load(dst, map, bar, c0, c1, c2, c3);
 }
@@ -472,18 +484,23 @@ inline void wgmma_commit() { fa_gemm_commit(); }
 template <int N> inline void wgmma_wait() { fa_gemm_wait(N); }
 template <int N> inline void pin_registers(float (&)[N]) {}
 template <int N> inline void pin_registers(uint32_t (&)[N][4]) {}
-template <typename T>
-inline void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+template <typename T, int N, int TA, int TB>
+inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(TA == 0 && TB == 0, "the emulator runs step 07's kernel, whose shared-memory WGMMA is K-major");
   FaGemm g{};
-  g.rs = false; g.bf16 = std::is_same<T, __nv_bfloat16>::value; g.acc = accumulate != 0; g.n = 128;
+  g.rs = false; g.bf16 = std::is_same<T, __nv_bfloat16>::value; g.acc = accumulate != 0; g.n = N;
   g.da = desc_a; g.db = desc_b; g.d = d; g.a_src = nullptr;
   fa_gemm_issue(std::move(g));
+}
+template <typename T>
+inline void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  wgmma_ss<T, 128, 0, 0>(d, desc_a, desc_b, accumulate);
 }
 template <typename T, int N>
 inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
   static_assert(N == 128 || N == 64, "wgmma_rs: N is the head dimension, 64 or 128");
   FaGemm g{};
-  g.rs = true; g.bf16 = std::is_same<T, __nv_bfloat16>::value; g.acc = true; g.n = N;
+  g.rs = true; g.bf16 = std::is_same<T, __nv_bfloat16>::value; g.acc = true; g.n = N; g.tb = true;
   g.da = 0; g.db = desc_b; g.d = d; g.a_src = a;
   std::memcpy(g.a, a, 16);
   fa_gemm_issue(std::move(g));

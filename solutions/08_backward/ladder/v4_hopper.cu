@@ -1,0 +1,422 @@
+// v4_hopper's kernel: the attention backward on Hopper (sm_90a) with step 07's primitives and harness
+// (TMA, mbarriers, WGMMA, producer/consumer warpgroups), FlashAttention-3's plan (Shah et al. 2024, §3 and
+// appendix B): one CTA per block of 128 keys keeps K_j and V_j in shared memory and walks the query blocks
+// of 64 rows, accumulating dK_j and dV_j in registers; dQ is shared by every key block, so each CTA adds its
+// part into an fp32 buffer in global memory with a bulk reduce-add, and a small kernel converts it.
+//
+// Roles (3 warpgroups): warpgroup 0, thread 0 loads K_j, V_j once, then Q_i and dO_i into a 2-deep ring;
+// thread 32 is the dQ writer; warpgroups 1 and 2 each own 64 of the 128 keys (the first consumer warp also
+// stages m2_i, delta_i one step ahead). Per query block, one consumer warpgroup computes, with S^T and not S
+// so that P^T and dS^T come out of the tensor cores in the register layout of the A operand:
+//     S^T  = K_w Q_i^T                 WGMMA SS, 64 x 64, K-major A and B      } in flight together
+//     dP^T = V_w dO_i^T                WGMMA SS, 64 x 64                       }
+//     P^T  = 2^(S^T c - m2_i)          registers, under dP^T (c = scale log2 e; m2 = lse log2 e, v3's preprocess)
+//     dS^T = P^T (dP^T - delta_i)      registers, and stored to shared memory (128-byte swizzled)
+//     dV_w += P^T dO_i                 WGMMA RS, dO MN-major    } issued before the barrier: this warpgroup's
+//     dK_w += dS^T Q_i                 WGMMA RS, Q MN-major     } operands only
+//     dQ_i += dS K_j                   WGMMA SS from dS^T (A MN-major) and K (B MN-major), after the barrier:
+//                                      at D 128 warpgroup w makes dQ's columns 64w..64w+63 from all 128
+//                                      keys; at D 64 its own 64 keys' share of all 64 columns (two partial
+//                                      tiles, summed by the conversion)
+// then hands its dQ fragments (fp32, 32 per thread, in fragment order) to the writer through a double
+// buffer in shared memory; the writer adds each 32 KB tile into dq_acc with one cp.reduce.async.bulk.
+//
+// Deterministic mode (FaBwdParams::sems): the writer of key block n adds tile (b, h, i) only when the
+// tile's semaphore reads n (key blocks 0..n-1 have added theirs), waits for its add to land, then bumps
+// it. Every key block that touches query block i is a block n' <= n, and CTAs take tickets in key-block
+// order, so the block it waits for has started and never waits on it.
+//
+// Built by v4_hopper.py with step 07's folder and its ladder/ on the include path and v4_hopper_binding.cpp,
+// for sm_90a. The forward of step 07 (fa_launch) comes with the include. The builds before this one and what
+// each was worth: benchmarks/results/2026-11-27_h200_step08_v4_probes.txt.
+#include "student_kernel_solution.cu"
+#include "v4_hopper.h"
+
+namespace hfa {
+namespace bwd {
+constexpr int BM = 64;                     // query rows per step
+constexpr int BN = 128;                    // keys per CTA, 64 per consumer warpgroup
+constexpr int RING = 2;                    // Q/dO ring depth
+constexpr int kDqTile = 2 * 32 * 128;      // floats of one dQ hand-over: [warpgroup][chunk of 4][thread][4]
+constexpr int kBarDs = 1;                  // named barrier: both warpgroups' dS^T are in shared memory
+constexpr int kThreads = 384;
+#ifndef V4_PROBE_NO_REDUCE
+#define V4_PROBE_NO_REDUCE 0   // benchmarks/probes only (dQ wrong): the writer skips the bulk reduce-add
+#endif
+
+// Shared memory (D 128: K, V 32 KB each; Q, dO rings 2 x 16 KB each; dS^T and the dQ hand-over double-buffered,
+// 2 x 16 and 2 x 32 KB: 225 KB of the 227).
+template <int D>
+struct Layout {
+  static constexpr int kKVBytes = BN * D * 2, kRowBytes = BM * D * 2, kDSBytes = BN * BM * 2;
+  static constexpr int kK = 0, kV = kK + kKVBytes, kQ = kV + kKVBytes;
+  static constexpr int kDO = kQ + RING * kRowBytes;
+  static constexpr int kDS = kDO + RING * kRowBytes;       // dS^T [BN keys][BM queries], double-buffered
+  static constexpr int kDQ = kDS + 2 * kDSBytes;           // 2 hand-over buffers of kDqTile floats
+  static constexpr int kStats = kDQ + 2 * kDqTile * 4;      // [2 steps][m2, delta][BM] fp32
+  static constexpr int kBars = kStats + 2 * 2 * BM * 4;
+  static constexpr int kBytes = kBars + 256 + 1024;
+};
+
+struct Bars {
+  uint64_t kv_full;
+  uint64_t q_full[RING], q_empty[RING], do_full[RING], do_empty[RING];
+  uint64_t dq_full[2], dq_empty[2];
+  int ticket;
+};
+
+// A CTA's work: key block n of KV head h_kv, against query blocks [m_lo, m_hi) of each query head of the
+// group (causal: the first block with a row that sees key n * BN). Tickets run key block first, so the
+// longest causal blocks start first and a key block's predecessors have tickets before it.
+struct Work {
+  int n_block, h_kv, b, group, m_lo, m_hi, steps;
+  HP_DEVICE Work(const FaParams& p, int t) {
+    const int bh = t % (p.B * p.Hkv);
+    n_block = t / (p.B * p.Hkv);
+    h_kv = bh % p.Hkv;
+    b = bh / p.Hkv;
+    group = p.Hq / p.Hkv;
+    m_hi = (p.Sq + BM - 1) / BM;
+    m_lo = p.causal ? min(m_hi, max(0, n_block * BN - (p.Skv - p.Sq)) / BM) : 0;
+    steps = group * (m_hi - m_lo);
+  }
+  HP_DEVICE int h(int step) const { return h_kv * group + step / (m_hi - m_lo); }
+  HP_DEVICE int m(int step) const { return m_lo + step % (m_hi - m_lo); }
+};
+
+HP_DEVICE int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+HP_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+// A 64 x 64 tile in 16-bit pairs (x[j / 2][2 (j % 2) + h]: row 16 warp + lane/4 + 8h of warpgroup wg's 64, columns
+// 8j + 2(lane%4) + {0, 1}) into a [128 rows][64 columns] tile, 128-byte swizzled as TMA writes (a WGMMA operand).
+HP_DEVICE void store_rows(unsigned char* tile, const uint32_t (&x)[4][4], int wg, int warp, int lane) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wg * 64 + warp * 16 + lane / 4 + 8 * h, byte = r * 128 + (8 * j + 2 * (lane & 3)) * 2;
+      *reinterpret_cast<uint32_t*>(tile + (byte ^ ((r & 7) << 4))) = x[j / 2][2 * (j % 2) + h];
+    }
+}
+
+// ============================================================================ producer, dQ writer
+template <int D>
+HP_DEVICE void load_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                          const CUtensorMap* tm_do, unsigned char* smem, Bars& bars, const Work& w) {
+  using L = Layout<D>;
+  if (w.steps == 0) return;
+  mbar_expect_tx(&bars.kv_full, 2 * L::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < D / PANEL; ++c) {
+    tma_load_4d(smem + L::kK + c * BN * 128, tm_k, &bars.kv_full, c * PANEL, w.n_block * BN, w.h_kv, w.b);
+    tma_load_4d(smem + L::kV + c * BN * 128, tm_v, &bars.kv_full, c * PANEL, w.n_block * BN, w.h_kv, w.b);
+  }
+  for (int it = 0; it < w.steps; ++it) {
+    const int s = it % RING, h = w.h(it), m = w.m(it);
+    const uint32_t ph = (it / RING) & 1;
+    mbar_wait(&bars.q_empty[s], ph ^ 1);
+    mbar_expect_tx(&bars.q_full[s], L::kRowBytes);
+#pragma unroll
+    for (int c = 0; c < D / PANEL; ++c)
+      tma_load_4d(smem + L::kQ + s * L::kRowBytes + c * BM * 128, tm_q, &bars.q_full[s], c * PANEL, m * BM, h, w.b);
+    mbar_wait(&bars.do_empty[s], ph ^ 1);
+    mbar_expect_tx(&bars.do_full[s], L::kRowBytes);
+#pragma unroll
+    for (int c = 0; c < D / PANEL; ++c)
+      tma_load_4d(smem + L::kDO + s * L::kRowBytes + c * BM * 128, tm_do, &bars.do_full[s], c * PANEL, m * BM, h, w.b);
+  }
+}
+
+// m2 and delta of a step, one float2 of each per lane of the first consumer warp, which loads them a step
+// ahead and stores them to slot it % 2 before the consumers' barrier. (Copied by the producer and handed over
+// through the slot's mbarrier, every read was a race to compute-sanitizer's racecheck, which does not
+// follow mbarriers.)
+struct Stats {
+  float2 m2, delta;
+};
+HP_DEVICE Stats load_stats(const FaBwdParams& f, const Work& w, int it, int lane) {
+  const int64_t row = ((int64_t)w.b * f.base.Hq + w.h(it)) * f.sq_pad + w.m(it) * BM + 2 * lane;
+  return {*reinterpret_cast<const float2*>(f.m2 + row), *reinterpret_cast<const float2*>(f.delta + row)};
+}
+HP_DEVICE void store_stats(float2* stats, int it, int lane, const Stats& x) {
+  stats[(it & 1) * BM + lane] = x.m2;
+  stats[(it & 1) * BM + BM / 2 + lane] = x.delta;
+}
+
+template <int D>
+HP_DEVICE void dq_writer(unsigned char* smem, Bars& bars, const FaBwdParams& f, const Work& w) {
+  const FaParams& p = f.base;
+  const int m_blocks = (p.Sq + BM - 1) / BM;
+  for (int it = 0; it < w.steps; ++it) {
+    const int64_t tile = ((int64_t)w.b * p.Hq + w.h(it)) * m_blocks + w.m(it);
+    const int b = it & 1;
+    mbar_wait(&bars.dq_full[b], (it >> 1) & 1);
+    if (f.sems) {  // deterministic: key blocks add in order
+      const uint64_t t0 = global_timer_ns();
+      while (ld_acquire(f.sems + tile) != w.n_block) {
+        __nanosleep(64);
+        if (global_timer_ns() - t0 > HP_DEADLOCK_NS) __trap();  // a lost turn: fail, do not hang
+      }
+      fence_proxy_async_global();
+    }
+    if (!V4_PROBE_NO_REDUCE)
+      bulk_reduce_add_f32(f.dq_acc + tile * kDqTile, smem + Layout<D>::kDQ + b * kDqTile * 4, kDqTile * 4);
+    bulk_commit();
+    if (f.sems) {
+      bulk_wait<0>();  // the add has landed in global memory: the next key block may go
+      fence_proxy_async_global();
+      __threadfence();
+      atomicAdd(f.sems + tile, 1);
+      mbar_arrive(&bars.dq_empty[b]);
+    } else if (it > 0) {
+      bulk_wait_read<1>();  // the previous step's add has read its buffer; this one may still be reading
+      mbar_arrive(&bars.dq_empty[b ^ 1]);
+    }
+  }
+  bulk_wait<0>();
+}
+
+// ============================================================================ consumers
+template <typename T, int D>
+HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams& f, const Work& w, int wg) {
+  using L = Layout<D>;
+  const FaParams& p = f.base;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4, tid = threadIdx.x % 128;
+  const float c = p.scale * LOG2E;
+  const int off = p.Skv - p.Sq, key_wg = w.n_block * BN + wg * 64, key0 = key_wg + warp * 16 + lane / 4;
+  uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
+  const bool cut_keys = key_wg + 64 > p.Skv;  // keys past Skv read as 0; their P must be 0 too
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  float2* stats = reinterpret_cast<float2*>(smem + L::kStats);
+  const bool stager = wg == 0 && warp == 0;
+  if (w.steps > 0) {
+    if (stager) store_stats(stats, 0, lane, load_stats(f, w, 0, lane));
+    named_bar_sync(kBarDs, 256);
+    mbar_wait_spin(&bars.kv_full, 0);
+  }
+
+  for (int it = 0; it < w.steps; ++it) {
+    // the compiler would keep every descriptor of K and V live across the loop (64-bit each): recompute them
+    asm volatile("" : "+r"(k_addr), "+r"(v_addr));
+    const uint32_t k_wg = k_addr + wg * 64 * 128, v_wg = v_addr + wg * 64 * 128;  // this warpgroup's key rows
+    const int s = it % RING, q0 = w.m(it) * BM;
+    const uint32_t ph = (it / RING) & 1;
+    const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kRowBytes), do_addr = smem_u32(smem + L::kDO + s * L::kRowBytes);
+    const float* m2 = reinterpret_cast<const float*>(stats + (it & 1) * BM);
+    const float* delta = m2 + BM;
+    const bool stage = stager && it + 1 < w.steps;
+    Stats next;  // step it + 1's, stored before this step's barrier
+    if (stage) next = load_stats(f, w, it + 1, lane);
+    // S^T and dP^T in flight together, then dQ in S^T's registers; P^T and dS^T stay in registers as the A
+    // operands of dV and dK (16-bit pairs: pair (j, h) in [j / 2][2 (j % 2) + h], the A fragment of k-step j / 2)
+    float acc[32], acc2[32];
+    uint32_t pt[4][4], ds[4][4];
+
+    // Row = key key0 + 8h, column = query q0 + 8j + 2(lane%4) + e.
+    // d = A B^T over the head dimension, A this warpgroup's 64 key rows of K or V, B the 64 rows of Q or dO
+    auto gemm_rows = [&](float (&d)[32], uint32_t a, uint32_t b) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss<T, 64, 0, 0>(d, smem_desc(a + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024),
+                              smem_desc(b + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+      wgmma_commit();
+    };
+    mbar_wait_spin(&bars.q_full[s], ph);
+    gemm_rows(acc, k_wg, q_addr);                                         // S^T = K_w Q_i^T
+    mbar_wait_spin(&bars.do_full[s], ph);
+    gemm_rows(acc2, v_wg, do_addr);                                       // dP^T = V_w dO_i^T
+    wgmma_wait<1>();
+    pin_registers(acc);
+    // P^T = 2^(S^T c - m2) in place, 0 where the key is hidden (causal, past Skv), under the dP^T product
+    const bool masked = cut_keys || (p.causal && key_wg + 63 > q0 + off);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 mm = *reinterpret_cast<const float2*>(m2 + 8 * j + 2 * (lane & 3));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float x[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + 8 * h, q = q0 + 8 * j + 2 * (lane & 3) + e;
+          x[e] = exp2_approx(fmaf(acc[4 * j + 2 * h + e], c, -(e ? mm.y : mm.x)));
+          if (masked && (key >= p.Skv || (p.causal && key > q + off))) x[e] = 0.f;
+          acc[4 * j + 2 * h + e] = x[e];
+        }
+        pt[j / 2][2 * (j % 2) + h] = pack2<T>(x[0], x[1]);
+      }
+    }
+    wgmma_wait<0>();
+    pin_registers(acc2);
+    // dS^T = P^T (dP^T - delta), P^T in fp32 (in its 16-bit form, bf16's rounding of P put dK 5% past the
+    // check's bound on the overflow case)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * (lane & 3));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * j + 2 * h;
+        ds[j / 2][2 * (j % 2) + h] = pack2<T>(acc[i] * (acc2[i] - dd.x), acc[i + 1] * (acc2[i + 1] - dd.y));
+      }
+    }
+    unsigned char* ds_buf = smem + L::kDS + (it & 1) * L::kDSBytes;
+    const uint32_t ds_addr = smem_u32(ds_buf);
+    store_rows(ds_buf, ds, wg, warp, lane);  // before the products: their A registers may not be read in flight
+    fence_proxy_async_shared();
+    // dV_w += P^T dO_i and dK_w += dS^T Q_i need this warpgroup's registers only: issued before the barrier,
+    // they run while the other warpgroup catches up
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      wgmma_rs<T, D>(dv, pt[kk], smem_desc(do_addr + kk * 16 * 128, BM * 128, 1024));
+      wgmma_rs<T, D>(dk, ds[kk], smem_desc(q_addr + kk * 16 * 128, BM * 128, 1024));
+    }
+    if (stage) store_stats(stats, it + 1, lane, next);
+    named_bar_sync(kBarDs, 256);  // both warpgroups' rows of dS^T are in (dQ reads all 128 keys), and step it + 1's stats
+    wgmma_fence();
+    if constexpr (D == 128) {     // dQ_i's columns 64wg.. from all 128 keys: K's panel wg
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_ss<T, 64, 1, 1>(acc, smem_desc(ds_addr + kk * 16 * 128, BN * 128, 1024),
+                              smem_desc(k_addr + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+    } else {                      // all 64 columns from this warpgroup's 64 keys
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss<T, 64, 1, 1>(acc, smem_desc(ds_addr + (wg * 64 + kk * 16) * 128, BN * 128, 1024),
+                              smem_desc(k_addr + (wg * 64 + kk * 16) * 128, BN * 128, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_registers(acc);
+    pin_registers(dk);
+    pin_registers(dv);
+    pin_registers(pt);
+    pin_registers(ds);
+    if (lane == 0) {
+      mbar_arrive(&bars.q_empty[s]);
+      mbar_arrive(&bars.do_empty[s]);
+    }
+    const int b = it & 1;
+    mbar_wait_spin(&bars.dq_empty[b], ((it >> 1) & 1) ^ 1);  // the writer's add of step it - 2 has read it
+    float4* out = reinterpret_cast<float4*>(smem + L::kDQ + b * kDqTile * 4) + wg * 8 * 128 + tid;
+#pragma unroll
+    for (int q4 = 0; q4 < 8; ++q4) out[q4 * 128] = make_float4(acc[4 * q4], acc[4 * q4 + 1], acc[4 * q4 + 2], acc[4 * q4 + 3]);
+    fence_proxy_async_shared();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bars.dq_full[b]);
+  }
+
+  // dK = scale * sum dS^T Q, dV = sum P^T dO: rows key0 + 8h, columns 8j + 2(lane%4) + {0,1}
+  const int64_t base = ((int64_t)w.b * p.Hkv + w.h_kv) * p.Skv;
+  T* dK = static_cast<T*>(f.dk) + base * D;
+  T* dV = static_cast<T*>(f.dv) + base * D;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key0 + 8 * h;
+    if (key >= p.Skv) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int64_t at = (int64_t)key * D + 8 * j + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t*>(dK + at) = pack2<T>(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dV + at) = pack2<T>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
+// ============================================================================ kernels
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+               const FaBwdParams f) {
+  unsigned char* smem = smem_base();
+  Bars& bars = *reinterpret_cast<Bars*>(smem + Layout<D>::kBars);
+  if (threadIdx.x == 0) {
+    prefetch_tensormap(&tm_q);
+    prefetch_tensormap(&tm_k);
+    prefetch_tensormap(&tm_v);
+    prefetch_tensormap(&tm_do);
+    mbar_init(&bars.kv_full, 1);
+    for (int s = 0; s < RING; ++s) {
+      mbar_init(&bars.q_full[s], 1);
+      mbar_init(&bars.do_full[s], 1);
+      mbar_init(&bars.q_empty[s], 8);   // one lane per consumer warp
+      mbar_init(&bars.do_empty[s], 8);
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(&bars.dq_full[b], 8);
+      mbar_init(&bars.dq_empty[b], 1);
+    }
+    fence_barrier_init();
+    bars.ticket = atomicAdd(f.counter, 1);
+  }
+  __syncthreads();
+  const Work w(f.base, bars.ticket);
+  if (threadIdx.x < 128) {
+    setmaxnreg_dec<kProducerRegs>();  // step 07's split: 40 and 232
+    if (threadIdx.x == 0) load_tiles<D>(&tm_q, &tm_k, &tm_v, &tm_do, smem, bars, w);
+    if (threadIdx.x == 32) dq_writer<D>(smem, bars, f, w);
+    return;  // the loader warpgroup must not share code with the consumers: ptxas sizes that for both
+  }
+  setmaxnreg_inc<kConsumerRegs>();
+  dkdv_mainloop<T, D>(smem, bars, f, w, threadIdx.x / 128 - 1);
+}
+
+// dQ = scale * dq_acc, from the fragment order of the hand-over: float4 i of a tile is warpgroup i / 1024,
+// chunk (i / 128) % 8, thread i % 128; at D 64 the two warpgroups' tiles are partial sums of one tile.
+template <typename T, int D>
+__global__ void dq_convert(const FaBwdParams f) {
+  const FaParams& p = f.base;
+  const int m_blocks = (p.Sq + BM - 1) / BM, m = blockIdx.x;
+  const int64_t bh = blockIdx.y;
+  const float4* tile = reinterpret_cast<const float4*>(f.dq_acc + (bh * m_blocks + m) * kDqTile);
+  T* dq = static_cast<T*>(f.dq) + bh * p.Sq * D;
+  constexpr int kDistinct = D == 128 ? kDqTile / 4 : kDqTile / 8;
+  for (int i = threadIdx.x; i < kDistinct; i += blockDim.x) {
+    float4 v = tile[i];
+    if constexpr (D == 64) {
+      const float4 u = tile[i + kDistinct];
+      v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+    }
+    const int wg = i / 1024, chunk = (i / 128) % 8, t = i % 128, lane = t % 32;
+    const int row = m * BM + (t / 32) * 16 + lane / 4, col = (D == 128 ? 64 * wg : 0) + 8 * chunk + 2 * (lane & 3);
+    if (row < p.Sq) *reinterpret_cast<uint32_t*>(dq + (int64_t)row * D + col) = pack2<T>(v.x * p.scale, v.y * p.scale);
+    if (row + 8 < p.Sq)
+      *reinterpret_cast<uint32_t*>(dq + (int64_t)(row + 8) * D + col) = pack2<T>(v.z * p.scale, v.w * p.scale);
+  }
+}
+
+template <typename T, int D>
+int launch(const FaBwdParams& f, cudaStream_t stream) {
+  using L = Layout<D>;
+  const FaParams& p = f.base;
+  CUtensorMap tm_q, tm_k, tm_v, tm_do;
+  int err = make_tensor_map<T>(&tm_q, p.q, D, p.Sq, p.Hq, p.B, p.q_ss, p.q_sh, p.q_sb, BM);
+  if (!err) err = make_tensor_map<T>(&tm_k, p.k, D, p.Skv, p.Hkv, p.B, p.k_ss, p.k_sh, p.k_sb, BN);
+  if (!err) err = make_tensor_map<T>(&tm_v, p.v, D, p.Skv, p.Hkv, p.B, p.v_ss, p.v_sh, p.v_sb, BN);
+  if (!err) err = make_tensor_map<T>(&tm_do, p.o, D, p.Sq, p.Hq, p.B, p.o_ss, p.o_sh, p.o_sb, BM);
+  if (err) return err;
+  auto kernel = bwd_kernel<T, D>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+  if (e != cudaSuccess) return (int)e;
+  const int grid = (p.Skv + BN - 1) / BN * p.Hkv * p.B;
+  kernel<<<grid, kThreads, L::kBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, f);
+  dq_convert<T, D><<<dim3((p.Sq + BM - 1) / BM, p.B * p.Hq), 256, 0, stream>>>(f);
+  return (int)cudaGetLastError();
+}
+}  // namespace bwd
+}  // namespace hfa
+
+extern "C" int fa_bwd_launch(const FaBwdParams* f, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const FaParams& p = f->base;
+  if (p.D == 64) return p.is_bf16 ? hfa::bwd::launch<__nv_bfloat16, 64>(*f, s) : hfa::bwd::launch<__half, 64>(*f, s);
+  if (p.D == 128) return p.is_bf16 ? hfa::bwd::launch<__nv_bfloat16, 128>(*f, s) : hfa::bwd::launch<__half, 128>(*f, s);
+  return (int)cudaErrorInvalidValue;
+}

@@ -1,0 +1,24 @@
+// v4_hopper.h: the C ABI between v4_hopper.cu and its torch binding (no CUDA, no torch).
+#pragma once
+#include "fa_params.h"
+
+typedef struct FaBwdParams {
+  FaParams base;       // q, k, v as the forward's; o: dO [B, Hq, Sq, D] (o_* its strides); lse unused
+  const float* m2;     // [B, Hq, Sq_pad]: lse * log2(e) (+inf on empty rows and padding), v3's preprocess
+  const float* delta;  // [B, Hq, Sq_pad]: rowsum(dO * O) (0 on padding)
+  float* dq_acc;       // [B, Hq, cdiv(Sq, 64), 8192] fp32, zeroed: dQ tiles in the kernel's fragment order
+  void* dq;            // [B, Hq, Sq, D] like q, contiguous
+  void* dk;            // [B, Hkv, Skv, D] like k, contiguous
+  void* dv;
+  int* counter;        // one int, zeroed: the CTAs' tickets
+  int* sems;           // deterministic: [B, Hq, cdiv(Sq, 64)] ints, zeroed; nullptr: dQ added in any order
+  int sq_pad;
+} FaBwdParams;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+int fa_bwd_launch(const FaBwdParams* p, void* stream);
+#ifdef __cplusplus
+}
+#endif
