@@ -43,9 +43,12 @@ def _x(r: float | None) -> str:
 
 
 def latest(step: str) -> tuple[str, dict]:
-    """The newest results file of ``step`` in the ladder runner's schema: (file name, content)."""
+    """The newest results file of ``step`` in the ladder runner's schema: (file name, content). A file named
+    ``*_before_*`` records a build the tree has moved past, and is never the newest."""
     found = []
     for f in sorted(RESULTS.glob(f"*_step{step}*.json")):
+        if "_before_" in f.name:
+            continue
         d = json.loads(f.read_text())
         if d.get("schema") == 1 and d.get("step") == step:
             found.append((f.name, d))

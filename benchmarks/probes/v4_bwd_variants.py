@@ -64,7 +64,7 @@ def variants(flags: list[str]) -> None:
         ext = load_hopper_rung("fa08_v4_" + flag.replace("=", "_").lower(), [v4.KERNEL, v4.BINDING], [v4.KERNEL.parent],
                                extra_cuda_cflags=[f"-D{flag}"])
         fns[flag] = (v4.flash_attention_train, ext)
-    bench(fns, 2)
+    bench(fns, int(os.environ.get("ROUNDS", "2")))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ constexpr int RING = 2;                    // Q/dO ring depth
 constexpr int kDqTile = 2 * 32 * 128;      // floats of one dQ hand-over: [warpgroup][chunk of 4][thread][4]
 constexpr int kBarDs = 1;                  // named barrier: both warpgroups' dS^T are in shared memory
 constexpr int kThreads = 384;
+#ifndef V4_ROTATE
+#define V4_ROTATE 1
+#endif
 #ifndef V4_PROBE_NO_REDUCE
 #define V4_PROBE_NO_REDUCE 0   // benchmarks/probes only (dQ wrong): the writer skips the bulk reduce-add
 #endif
@@ -69,8 +72,8 @@ struct Bars {
 // group (causal: the first block with a row that sees key n * BN). Tickets run key block first, so the
 // longest causal blocks start first and a key block's predecessors have tickets before it.
 struct Work {
-  int n_block, h_kv, b, group, m_lo, m_hi, steps;
-  HP_DEVICE Work(const FaParams& p, int t) {
+  int n_block, h_kv, b, group, m_lo, m_hi, steps, first;
+  HP_DEVICE Work(const FaParams& p, int t, bool in_order) {
     const int bh = t % (p.B * p.Hkv);
     n_block = t / (p.B * p.Hkv);
     h_kv = bh % p.Hkv;
@@ -79,9 +82,12 @@ struct Work {
     m_hi = (p.Sq + BM - 1) / BM;
     m_lo = p.causal ? min(m_hi, max(0, n_block * BN - (p.Skv - p.Sq)) / BM) : 0;
     steps = group * (m_hi - m_lo);
+    // Non-causal, every key block of a head would add into the same dQ tile at the same time: start each at
+    // its own diagonal instead and wrap around (V4_ROTATE; not in the deterministic mode, whose order is fixed)
+    first = V4_ROTATE && !p.causal && !in_order && m_hi > 0 ? (n_block * BN / BM) % m_hi : 0;
   }
   HP_DEVICE int h(int step) const { return h_kv * group + step / (m_hi - m_lo); }
-  HP_DEVICE int m(int step) const { return m_lo + step % (m_hi - m_lo); }
+  HP_DEVICE int m(int step) const { return m_lo + (step + first) % (m_hi - m_lo); }
 };
 
 HP_DEVICE int ld_acquire(const int* p) {
@@ -357,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bars.ticket = atomicAdd(f.counter, 1);
   }
   __syncthreads();
-  const Work w(f.base, bars.ticket);
+  const Work w(f.base, bars.ticket, f.sems != nullptr);
   if (threadIdx.x < 128) {
     setmaxnreg_dec<kProducerRegs>();  // step 07's split: 40 and 232
     if (threadIdx.x == 0) load_tiles<D>(&tm_q, &tm_k, &tm_v, &tm_do, smem, bars, w);
