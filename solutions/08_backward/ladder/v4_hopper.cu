@@ -41,7 +41,10 @@ constexpr int kDqTile = 2 * 32 * 128;      // floats of one dQ hand-over: [warpg
 constexpr int kBarDs = 1;                  // named barrier: both warpgroups' dS^T are in shared memory
 constexpr int kThreads = 384;
 #ifndef V4_ROTATE
-#define V4_ROTATE 1
+#define V4_ROTATE 1        // non-causal: each key block starts at its own diagonal (Work::first)
+#endif
+#ifndef V4_HEAD_MAJOR
+#define V4_HEAD_MAJOR 0    // a probe, not measured yet: 1 hands out one head's key blocks together (Work)
 #endif
 #ifndef V4_PROBE_NO_REDUCE
 #define V4_PROBE_NO_REDUCE 0   // benchmarks/probes only (dQ wrong): the writer skips the bulk reduce-add
@@ -70,12 +73,15 @@ struct Bars {
 
 // A CTA's work: key block n of KV head h_kv, against query blocks [m_lo, m_hi) of each query head of the
 // group (causal: the first block with a row that sees key n * BN). Tickets run key block first, so the
-// longest causal blocks start first and a key block's predecessors have tickets before it.
+// longest causal blocks start first and a key block's predecessors have tickets before it (V4_HEAD_MAJOR:
+// head first, key block within, so the resident CTAs share a few heads' dQ tiles and Q, dO rows in L2; the
+// predecessors still come first).
 struct Work {
   int n_block, h_kv, b, group, m_lo, m_hi, steps, first;
   HP_DEVICE Work(const FaParams& p, int t, bool in_order) {
-    const int bh = t % (p.B * p.Hkv);
-    n_block = t / (p.B * p.Hkv);
+    const int n_blocks = (p.Skv + BN - 1) / BN;
+    const int bh = V4_HEAD_MAJOR ? t / n_blocks : t % (p.B * p.Hkv);
+    n_block = V4_HEAD_MAJOR ? t % n_blocks : t / (p.B * p.Hkv);
     h_kv = bh % p.Hkv;
     b = bh / p.Hkv;
     group = p.Hq / p.Hkv;
