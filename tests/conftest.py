@@ -18,6 +18,18 @@ sys.path.insert(0, str(ROOT))  # `autograder` is a folder of the repo, not an in
 from autograder import model, workers  # noqa: E402
 
 
+def pip_install(*requirements: str, timeout: float = 900):
+    """``pip install`` into this interpreter, one test process at a time: two pips at once in one
+    environment can leave a package half there (a CI run lost Ray's ``ray`` command while another test
+    installed playwright). Returns the CompletedProcess."""
+    import fcntl
+    import subprocess
+    with open(Path(sys.prefix) / ".pytest-pip-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                               *requirements], capture_output=True, text=True, timeout=timeout)
+
+
 def load_module(path: Path, name: str | None = None):
     """The Python file at ``path`` as a fresh module (ladder files and scripts are not packages)."""
     spec = importlib.util.spec_from_file_location(name or path.stem, path)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, solution_code
+from conftest import ROOT, pip_install, solution_code
 from lab_server import running_lab
 
 ASSIGNMENT = "01_vanilla_attention"
@@ -79,10 +79,13 @@ def _playwright():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        why = _install([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                        "playwright>=1.45"], "pip install playwright", 300)
+        try:
+            r = pip_install("playwright>=1.45", timeout=300)
+            why = (r.stdout + r.stderr).strip()[-300:] if r.returncode else None
+        except subprocess.TimeoutExpired as err:
+            why = str(err)
         if why:
-            pytest.skip(f"playwright could not be installed: {why}")
+            pytest.skip(f"playwright could not be installed: pip install playwright failed: {why}")
         from playwright.sync_api import sync_playwright
     return sync_playwright
 

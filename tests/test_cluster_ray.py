@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, pip_install
 from autograder import cli, cluster, gradebook, model, workers
 
 A = "01_vanilla_attention"
@@ -34,8 +34,7 @@ def _install_ray():
     except ImportError:
         pass
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "ray==2.*"], capture_output=True,
-                       text=True, timeout=900)
+    r = pip_install("ray==2.*")
     if r.returncode != 0:
         pytest.skip(f"Ray is not installed and `pip install ray==2.*` failed (offline?): {r.stderr[-800:]}")
     print(f"installed ray in {time.time() - t0:.0f} s", file=sys.stderr)

@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kProducerRegs>();  // step 07's split: 40 and 232
     if (threadIdx.x == 0) load_tiles<D>(&tm_q, &tm_k, &tm_v, &tm_do, smem, bars, w);
     if (threadIdx.x == 32) dq_writer<D>(smem, bars, f, w);
-    return;  // the loader warpgroup must not share code with the consumers: ptxas sizes that for both
+    return;  // the producer warpgroup is done; only the consumers go on (with 232 registers each)
   }
   setmaxnreg_inc<kConsumerRegs>();
   dkdv_mainloop<T, D>(smem, bars, f, w, threadIdx.x / 128 - 1);
