@@ -351,3 +351,17 @@ def test_a_new_kind_is_one_module_and_one_registry_line(tmp_path, monkeypatch):
          "rungs": {"v1": {"file": "v1.py", "verdict": "a"}, "v2": {"file": "v2.py", "verdict": "b"}}, "rows": rows}
     schema.validate(d)
     assert "v2: checks 2/2" in ladder.table(d) and "v1: checks 0/1" in ladder.table(d)
+
+
+def test_a_superseded_run_is_never_the_newest(tmp_path, monkeypatch):
+    """tables.latest: a `*_before_*` results file (a build the tree has moved past) is skipped, however it
+    sorts."""
+    import tables
+    run = {"schema": 1, "step": "08"}
+    for name in ("2026-11-27_h100_step08.json", "2026-11-27_h200_step08_before_rotation.json"):
+        (tmp_path / name).write_text(json.dumps({**run, "tag": name}))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    assert tables.latest("08")[0] == "2026-11-27_h100_step08.json"
+    (tmp_path / "2026-11-27_h100_step08.json").unlink()
+    with pytest.raises(FileNotFoundError):
+        tables.latest("08")

@@ -3,8 +3,9 @@
 CPU tier: nvcc compiles the rung for sm_90a with no spills and no WGMMA serialised for want of registers (ptxas's
 C7512, which a trap in the consumers' waits once caused) in its four backward kernels, four dQ conversions and the
 four of step 07's forward it includes; its SASS has HGMMA and UTMALDG; the routing: a CPU tensor, fp32 or a head
-dimension the kernel does not take goes to v3's backward and step 05's forward, with the same arguments, and the
-deterministic flag reaches the backward.
+dimension the kernel does not take goes to v3's backward and step 05's forward, with the same arguments; with
+the Hopper path forced and the extension faked, the deterministic flag reaches the binding's backward, with v3's
+preprocess.
 GPU tier (marked gpu, H100/H200 only): the course's gradient check on ragged, GQA, MQA, causal Sq > Skv and
 Sq < Skv, D 64, empty rows, fp16 and bf16, in both modes; the deterministic mode gives the same bits twice where
 the default's dQ (added in any order) may not.
@@ -81,26 +82,34 @@ def test_routing_sends_what_the_kernels_cannot_do_to_v3_and_step05(v4, monkeypat
     assert len(back) == len(fwd) == 4
 
 
-def test_deterministic_flag_reaches_the_backward(v4, monkeypatch):
-    """flash_attention_train(..., deterministic=True) runs the deterministic train function, the default the
-    other; both through the exercise's autograd cell."""
-    seen = []
-    real = v4.attention_backward
+def test_deterministic_flag_reaches_the_kernel(v4, monkeypatch):
+    """Through the exercise's autograd cell, on a CPU with the Hopper path forced and the CUDA extension
+    faked: flash_attention_train(..., deterministic=True) and flash_attention_train_deterministic hand
+    deterministic=True to the binding's backward, the default hands False; the binding gets v3's
+    preprocess (delta, m2) and step 07's forward is the one called."""
+    calls = []
 
-    def spy(*a, deterministic=False):
-        seen.append(deterministic)
-        return real(*a, deterministic=deterministic)
+    class FakeExtension:
+        @staticmethod
+        def forward(q, k, v, causal, scale):
+            calls.append(("forward", causal))
+            return v4.common.attention_forward(q, k, v, causal=causal, scale=scale)
 
-    monkeypatch.setattr(v4, "attention_backward", spy)
+        @staticmethod
+        def backward(q, k, v, do, m2, delta, causal, scale, deterministic):
+            calls.append(("backward", deterministic, tuple(m2.shape), tuple(delta.shape)))
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(v4, "runs_on_hopper_kernel", lambda q: True)
+    monkeypatch.setattr(v4, "extension", lambda: FakeExtension)
     q, k, v = (t.requires_grad_() for t in _qkv())
-    for det in (False, True):
-        train = v4.common.make_train_fn(
-            (lambda *a: spy(*a, deterministic=True)) if det else spy, "Spy", forward=v4.attention_forward)
-        o = train(q, k, v, True, None)
+    for fn, det in ((lambda *a: v4.flash_attention_train(*a), False),
+                    (lambda *a: v4.flash_attention_train(*a, deterministic=True), True),
+                    (v4.flash_attention_train_deterministic, True)):
+        calls.clear()
+        o = fn(q, k, v, True, None)
         torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
-    assert seen == [False, True]
-    o = v4.flash_attention_train(q, k, v, causal=True, deterministic=True)
-    assert o.shape == q.shape and v4.flash_attention_train_deterministic(q, k, v, True).shape == q.shape
+        assert calls == [("forward", True), ("backward", det, (1, 4, 128), (1, 4, 128))], calls
 
 
 # ============================================================================ GPU tier

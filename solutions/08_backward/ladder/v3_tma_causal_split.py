@@ -277,6 +277,19 @@ def _desc(t, rows, D):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D])
 
 
+def preprocess(o, do, lse):
+    """(delta, m2), fp32 [B, Hq, Sq_pad] with Sq_pad a multiple of PAD: rowsum(dO * O) and lse * log2(e)
+    (padding: 0 and +inf). Sq > 0."""
+    B, Hq, Sq, D = o.shape
+    Sq_pad = triton.cdiv(Sq, PAD) * PAD
+    delta = torch.empty((B, Hq, Sq_pad), dtype=torch.float32, device=o.device)
+    m2 = torch.empty_like(delta)
+    if B * Hq > 0:
+        bwd_preprocess[(Sq_pad // PAD, B * Hq)](o, do, lse.contiguous(), delta, m2, *o.stride()[:3], *do.stride()[:3],
+                                                Hq, Sq, Sq_pad, D=D, BLOCK_M=PAD)
+    return delta, m2
+
+
 def attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
     """(dq, dk, dv) in the inputs' dtype. q, o, do [B,Hq,Sq,D]; k, v [B,Hkv,Skv,D] (any strides)."""
     B, Hq, Sq, D = q.shape
@@ -290,12 +303,8 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
     if Sq == 0 or Skv == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     tiles = pick_tiles(Sq, Skv, D, causal)
-    Sq_pad = triton.cdiv(Sq, PAD) * PAD
-    delta = torch.empty((B, Hq, Sq_pad), dtype=torch.float32, device=q.device)
-    m2 = torch.empty_like(delta)
-    lse = lse.contiguous()
-    bwd_preprocess[(Sq_pad // PAD, B * Hq)](o, do, lse, delta, m2, *o.stride()[:3], *do.stride()[:3],
-                                            Hq, Sq, Sq_pad, D=D, BLOCK_M=PAD)
+    delta, m2 = preprocess(o, do, lse)
+    Sq_pad = delta.shape[-1]
     qk_scale = scale * LOG2E
     common_meta = dict(GROUP=Hq // Hkv, D=D, CAUSAL=bool(causal))
 
