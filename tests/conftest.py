@@ -19,9 +19,8 @@ from autograder import model, workers  # noqa: E402
 
 
 def pip_install(*requirements: str, timeout: float = 900):
-    """``pip install`` into this interpreter, one test process at a time: two pips at once in one
-    environment can leave a package half there (a CI run lost Ray's ``ray`` command while another test
-    installed playwright). Returns the CompletedProcess."""
+    """``pip install`` into this interpreter, one test process at a time (the suite's workers share one
+    environment, and two pips at once in it can leave a package half there). Returns the CompletedProcess."""
     import fcntl
     import subprocess
     with open(Path(sys.prefix) / ".pytest-pip-install.lock", "w") as lock:
