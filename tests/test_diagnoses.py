@@ -238,3 +238,28 @@ def test_08_correct_gradients_pass():
     _, q, k, v, do = _step08_inputs()
     lines = _check_grads(dict(zip(("dq", "dk", "dv"), attention_grads(q, k, v, do, True))), q, k, v, do, True)
     assert len(lines) == 4 and all("passed" in ln for ln in lines)
+
+
+# 09: an unsafe merge's NaN is not the NaN of an ignored block table (a seed once placed sequence 0's only
+# page at physical page 0, so "the block table is ignored" broke exactly the sequences the overflow broke)
+def test_paged_inputs_put_no_page_at_its_own_index():
+    from facourse.decode import CPU_DECODE_CASES, _fixed_pages, make_paged_inputs
+    for name, case in CPU_DECODE_CASES.items():
+        for seed in [*range(40), 318778538]:
+            table = make_paged_inputs(case, seed, "cpu").block_table
+            assert not _fixed_pages(table, case.seq_lens, case.page_size), (name, seed)
+
+
+def test_overflowed_merge_is_named_on_the_seed_that_misnamed_it():
+    from dataclasses import replace
+
+    import torch
+
+    from facourse.decode import check_paged_result, get_decode_case, make_paged_inputs, paged_reference
+    case = replace(get_decode_case("page64", "cpu"), logit_scale=64.0)
+    inp = make_paged_inputs(case, 318778538, "cpu")
+    o, lse = paged_reference(*inp)
+    o, lse = o.to(inp.q.dtype), lse.float()
+    o[1:] = float("nan")                       # an unsafe merge: inf / inf on every sequence longer than a split
+    with pytest.raises(AttentionCheckError, match="exponentiates lse without subtracting the max"):
+        check_paged_result(o, lse, inp, config="page64")

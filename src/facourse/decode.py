@@ -149,6 +149,11 @@ def pages_needed(L: int, page_size: int) -> int:
     return -(-L // page_size)
 
 
+def _fixed_pages(table: torch.Tensor, seq_lens, page_size: int) -> list[tuple[int, int]]:
+    """(sequence, logical page) pairs whose physical page is the logical page's own index."""
+    return [(b, p) for b, L in enumerate(seq_lens) for p in range(pages_needed(L, page_size)) if int(table[b, p]) == p]
+
+
 def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=None, dtype=None) -> PagedInputs:
     """Seeded inputs of a case: q as a strided view of ``[B, Sq, Hq, D]`` storage; pages in shuffled
     order; with ``shared_prefix``, the first pages of every sequence are sequence 0's; every row no
@@ -165,19 +170,24 @@ def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=No
            for b, L in enumerate(case.seq_lens)]
     spare = 2                                          # pages nobody owns: NaN, the padding's target
     num_pages = sum(own) + spare
-    perm = torch.randperm(num_pages, generator=g)      # physical page of each logical page
     max_pages = max(1, max(pages_needed(L, ps) for L in case.seq_lens)) + 1   # +1: padding to read past
-    table = torch.empty(B, max_pages, dtype=torch.int32)
-    table[:] = perm[num_pages - 1 - torch.randint(0, spare, (B, max_pages), generator=g)].to(torch.int32)
-    nxt = 0
-    for b, L in enumerate(case.seq_lens):
-        n = pages_needed(L, ps)
-        start = 0
-        if b > 0 and case.shared_prefix and L >= case.shared_prefix:
-            table[b, :shared] = table[0, :shared]
-            start = shared
-        table[b, start:n] = perm[nxt:nxt + n - start].to(torch.int32)
-        nxt += n - start
+    for _ in range(64):
+        perm = torch.randperm(num_pages, generator=g)  # physical page of each logical page
+        table = torch.empty(B, max_pages, dtype=torch.int32)
+        table[:] = perm[num_pages - 1 - torch.randint(0, spare, (B, max_pages), generator=g)].to(torch.int32)
+        nxt = 0
+        for b, L in enumerate(case.seq_lens):
+            n = pages_needed(L, ps)
+            start = 0
+            if b > 0 and case.shared_prefix and L >= case.shared_prefix:
+                table[b, :shared] = table[0, :shared]
+                start = shared
+            table[b, start:n] = perm[nxt:nxt + n - start].to(torch.int32)
+            nxt += n - start
+        # no sequence's page p at physical page p: a kernel that ignores the block table is then wrong on every
+        # sequence, and its NaN cannot pass for another mistake's on the sequences it happens to break
+        if not _fixed_pages(table, case.seq_lens, ps):
+            break
     kv_shape = (num_pages, ps, case.Hkv, case.D)
     gd = g if device.type == "cpu" else torch.Generator(device).manual_seed(seed)   # big caches: drawn where they live
     k_cache = torch.randn(kv_shape, generator=gd, device=device)
