@@ -841,13 +841,27 @@ if gpu_or_skip("timing SDPA's backward"):
 #   `deterministic=True`: a counter per $dQ$ tile, and the writer of key block $n$ adds only when the
 #   counter reads $n$, waits until its add has landed, then bumps it. CTAs take their key blocks in
 #   order from a ticket counter, so the block it waits for is already running and never waits on it.
-#   The price is the wait: where every key block of a head reaches the same tile at the same time
-#   (non-causal, short sequences), each waits on the one before.
+#   The price is the wait, and the walk decides it: a key block whose first tile its predecessors
+#   reach only late idles until they do. Causal, walking the query blocks upwards, key block $n$ starts
+#   at its diagonal, which key block 0 reaches last; walking downwards from the last query block, every
+#   key block starts on the same tile and each waits only for the add of the one before.
+#
+# **Where the tickets go.** Per query block a CTA reads 32 KB of $Q_i$, $dO_i$ and adds a 32 KB fp32
+# tile into $dQ$'s buffer, so all of the GPU's resident CTAs together move a few MB per step: whether
+# that comes from L2 or from HBM depends on which heads they work on at the same moment. The first
+# build handed tickets out key block first over every head (the longest causal blocks first, for the
+# load balance), so the resident CTAs each worked on a different head and nothing they read was in
+# L2: on an H100 it ran 0.67x cuDNN's backward on large and 0.54x at non-causal 4k
+# (`2026-11-27_h100_step08.json`). Tickets now go key block first within sections of 4 (batch, KV
+# head) pairs, and each CTA walks its query blocks from the last one down with the group's query
+# heads innermost, so a head's key blocks read the same rows at the same time. Nothing else changed;
+# in the probes (`2026-11-28_h100_step08_v4_probes.txt`) sections of 2, 4 and 8 ran 331-348 TFLOP/s
+# on large, and the downward walk took the causal deterministic mode from 0.65-0.70x the default (the
+# upward walk, same sections) to 0.95-0.96x.
 #
 # The cell below reads the newest committed ladder run: each rung's backward at the 4k-16k points
-# (fp16, TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs. v4 is not the
-# step's solution (v3 is): on the H100 of that run it trails v3 at the shorter sequences, and no
-# Hopper rung reaches cuDNN's backward yet.
+# (fp16, TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs. v4 is the
+# step's solution; no rung reaches cuDNN's backward yet.
 
 # %%
 R08 = results.load("08")
@@ -898,7 +912,8 @@ else:
 # - On Hopper (the ladder's v4): $S^\top$ and $dP^\top$ by WGMMA so that $P^\top$ and $dS^\top$ feed $dV$
 #   and $dK$ from registers; $dQ$ from $dS^\top$ in shared memory read transposed, added across CTAs
 #   in L2 by a bulk reduce-add, or in a fixed order behind a counter per tile when it must be
-#   bit-reproducible. Read ptxas's notes: a trap in a wait loop serialised every WGMMA.
+#   bit-reproducible. Read ptxas's notes: a trap in a wait loop serialised every WGMMA. Hand the work
+#   out so that the resident CTAs share their heads: their reads and adds then stay in L2.
 #
 # **Next:** exercise 08 writes the forward and the backward as Triton kernels behind
 # `flash_attention_train`.

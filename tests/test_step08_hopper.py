@@ -96,7 +96,7 @@ def test_deterministic_flag_reaches_the_kernel(v4, monkeypatch):
             return v4.common.attention_forward(q, k, v, causal=causal, scale=scale)
 
         @staticmethod
-        def backward(q, k, v, do, m2, delta, causal, scale, deterministic):
+        def backward(q, k, v, do, m2, delta, causal, scale, deterministic, section, order):
             calls.append(("backward", deterministic, tuple(m2.shape), tuple(delta.shape)))
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
@@ -146,3 +146,19 @@ def test_gpu_deterministic_mode_repeats_its_bits(v4):
             runs.append(torch.autograd.grad(o, (qq, kk, vv), do))
         for r in runs[1:]:
             assert all(torch.equal(a, b) for a, b in zip(runs[0], r)), f"causal={causal}: the bits moved"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", [(0, 0), (1, 0), (3, 0), (3, 1)])
+def test_gpu_every_schedule_does_all_the_work(v4, monkeypatch, schedule):
+    """Sections of one pair, of all pairs, and of 3 (the last one short: medium has 32 (b, h_kv) pairs), each
+    query-block order: a ticket mapping that drops or repeats a key block, or a walk that skips a query
+    block, fails a gradient check; the deterministic mode's turns hold under each (no trap)."""
+    from facourse import has_sm90a
+    from facourse.backward import check_gradients
+    if not has_sm90a():
+        pytest.skip("the CUDA path runs on an H100/H200 (sm_90a) only")
+    monkeypatch.setattr(v4, "SCHEDULE", schedule)
+    for name in ("medium", "noncausal", "asymmetric", "ragged", "mqa"):
+        for fn in (v4.flash_attention_train, v4.flash_attention_train_deterministic):
+            check_gradients(fn, name, device="cuda", dtype=torch.float16, verbose=False)

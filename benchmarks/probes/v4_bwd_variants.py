@@ -1,10 +1,12 @@
-"""Step 08's v4_hopper on the GPU, outside the ladder runner: its build against builds with -D flags (each timed
-against cuDNN's backward, alternating, two rounds), or with --full its gradient checks on every configuration,
-the deterministic mode's bits over three runs, and v4, its deterministic mode and v3 timed against cuDNN.
+"""Step 08's v4_hopper on the GPU, outside the ladder runner: its build against builds with -D flags and against
+schedules (S=section,order: v4_hopper.SCHEDULE), each checked on a few cases in both modes, then timed against
+cuDNN's backward, alternating, two rounds; or with --full its gradient checks on every configuration, the
+deterministic mode's bits over three runs, and v4, its deterministic mode and v3 timed against cuDNN.
 
     PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py V4_PROBE_NO_REDUCE=1   # the dQ add's cost
+    PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py S=4,1 V4_ROTATE=0:S=4,0  # schedules, flags
     PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py --full
-    CFGS=large,causal_8k ...                                                          # the configurations timed
+    CFGS=large,causal_8k DET=1 ...       # the configurations timed; DET=1: each variant's deterministic mode too, DET=only: that alone
 """
 import os
 import sys
@@ -19,16 +21,23 @@ from facourse.bench import bench_attention  # noqa: E402
 from facourse.configs import CONFIGS, EDGE_CASES, SWEEP_4K_16K, get_config, make_inputs  # noqa: E402
 from facourse.cuda_build import load_hopper_rung  # noqa: E402
 
+LINES: list[str] = []
 CFGS = os.environ.get("CFGS", ",".join(["large", *SWEEP_4K_16K])).split(",")
+
+
+def use(ext, sched) -> None:
+    if ext is not None:
+        v4._extension = ext
+    v4.SCHEDULE = sched
 
 
 def bench(fns: dict, rounds: int) -> None:
     for r in range(rounds):
         for cfg in CFGS:
-            for name, (fn, ext) in fns.items():
-                if ext is not None:
-                    v4._extension = ext
+            for name, (fn, ext, *sched) in fns.items():
+                use(ext, sched[0] if sched else None)
                 res = bench_attention(fn, cfg, backend="CUDNN_ATTENTION", mode="backward")
+                LINES.append(f"BENCH r{r} {name} {cfg} {res.tflops_student:.1f} vs {res.ratio:.3f}")
                 print(f"BENCH r{r} {name:8} {cfg:14} {res.tflops_student:6.0f} TFLOP/s vs cuDNN {res.tflops_ref:6.0f}: "
                       f"x{res.ratio:.3f}", flush=True)
 
@@ -59,14 +68,39 @@ def full() -> None:
 
 
 def variants(flags: list[str]) -> None:
-    fns = {"v4": (v4.flash_attention_train, v4.extension())}
-    for flag in flags:
-        ext = load_hopper_rung("fa08_v4_" + flag.replace("=", "_").lower(), [v4.KERNEL, v4.BINDING], [v4.KERNEL.parent],
-                               extra_cuda_cflags=[f"-D{flag}"])
-        fns[flag] = (v4.flash_attention_train, ext)
+    base = v4.extension()
+    fns = {"v4": (v4.flash_attention_train, base, None)}
+    for variant in flags:  # -D flags and a schedule, joined by ":"
+        defs = [x for x in variant.split(":") if not x.startswith("S=")]
+        sched = [tuple(int(y) for y in x[2:].split(",")) for x in variant.split(":") if x.startswith("S=")]
+        ext = base if not defs else load_hopper_rung(
+            "fa08_v4_" + "_".join(defs).replace("=", "_").lower(), [v4.KERNEL, v4.BINDING], [v4.KERNEL.parent],
+            extra_cuda_cflags=[f"-D{d}" for d in defs])
+        fns[variant] = (v4.flash_attention_train, ext, sched[0] if sched else None)
+    det = {k + "/det": (v4.flash_attention_train_deterministic, *rest) for k, (_, *rest) in fns.items()}
+    fns = {"1": fns | det, "only": det}.get(os.environ.get("DET"), fns)
+    for name, (fn, ext, sched) in fns.items():  # a schedule that drops or repeats work fails here, not in a timing
+        use(ext, sched)
+        for case in ("medium", "mqa", "ragged", "asymmetric", "noncausal"):
+            try:
+                check_gradients(fn, case, device="cuda", dtype=torch.float16, verbose=False)
+                print(f"CHECK ok   {name} {case}", flush=True)
+            except Exception as e:  # noqa: BLE001 (report every failure, keep going)
+                print(f"CHECK FAIL {name} {case}: {str(e)[:300]}", flush=True)
     bench(fns, int(os.environ.get("ROUNDS", "2")))
+
+
+def summary(lines: list[str]) -> None:
+    """The BENCH lines as one row per configuration and variant: TFLOP/s and the ratio to cuDNN, round by round."""
+    rows: dict = {}
+    for line in lines:
+        _, _, name, cfg, tflops, *_, ratio = line.split()
+        rows.setdefault((cfg, name), []).append(f"{float(tflops):4.0f} TFLOP/s x{ratio}")
+    for (cfg, name), cells in sorted(rows.items()):
+        print(f"{cfg:14} {name:30} " + "  ".join(cells))
 
 
 if __name__ == "__main__":
     full() if sys.argv[1:] == ["--full"] else variants(sys.argv[1:])
+    summary(LINES)
     print(torch.cuda.get_device_name())

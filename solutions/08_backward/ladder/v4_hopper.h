@@ -13,6 +13,8 @@ typedef struct FaBwdParams {
   int* counter;        // one int, zeroed: the CTAs' tickets
   int* sems;           // deterministic: [B, Hq, cdiv(Sq, 64)] ints, zeroed; nullptr: dQ added in any order
   int sq_pad;
+  int section;         // tickets: key block first within sections of this many (b, h_kv) pairs (0: one section)
+  int order;           // query blocks of a CTA: 0 ascending, group heads outermost; 1 descending, heads innermost
 } FaBwdParams;
 
 #ifdef __cplusplus

@@ -58,7 +58,8 @@ std::vector<at::Tensor> forward(at::Tensor q, at::Tensor k, at::Tensor v, bool c
 
 // (dq, dk, dv) from q, k, v, dO and v3's preprocess (m2 = lse log2 e, delta = rowsum(dO O), [B, Hq, Sq_pad]).
 std::vector<at::Tensor> backward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor dout, at::Tensor m2,
-                                 at::Tensor delta, bool causal, double scale, bool deterministic) {
+                                 at::Tensor delta, bool causal, double scale, bool deterministic,
+                                 int64_t section, int64_t order) {
   q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout);
   TORCH_CHECK(dout.sizes() == q.sizes() && dout.scalar_type() == q.scalar_type(), "dO: like q");
   auto dq = at::empty(q.sizes(), q.options());
@@ -79,6 +80,8 @@ std::vector<at::Tensor> backward(at::Tensor q, at::Tensor k, at::Tensor v, at::T
   f.dq = dq.data_ptr(); f.dk = dk.data_ptr(); f.dv = dv.data_ptr();
   f.counter = counter.data_ptr<int>(); f.sems = deterministic ? sems.data_ptr<int>() : nullptr;
   f.sq_pad = (int)m2.size(-1);
+  f.section = (int)section;
+  f.order = (int)order;
   check(fa_bwd_launch(&f, c10::cuda::getCurrentCUDAStream().stream()));
   return {dq, dk, dv};
 }
