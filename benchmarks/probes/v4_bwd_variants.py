@@ -4,12 +4,13 @@ cuDNN's backward, alternating, two rounds; or with --full its gradient checks on
 deterministic mode's bits over three runs, and v4, its deterministic mode and v3 timed against cuDNN.
 
     PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py V4_PROBE_NO_REDUCE=1   # the dQ add's cost
-    PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py S=4,1 V4_ROTATE=0:S=4,0  # schedules, flags
+    PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py S=4,1 V4_ROTATE=0:S=4,0 FILE=old.cu  # schedules, flags, sources
     PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py --full
     CFGS=large,causal_8k DET=1 ...       # the configurations timed; DET=1: each variant's deterministic mode too, DET=only: that alone
 """
 import os
 import sys
+from pathlib import Path
 
 sys.path[:0] = ["src", ".", "solutions/08_backward/ladder"]
 import torch  # noqa: E402
@@ -70,12 +71,14 @@ def full() -> None:
 def variants(flags: list[str]) -> None:
     base = v4.extension()
     fns = {"v4": (v4.flash_attention_train, base, None)}
-    for variant in flags:  # -D flags and a schedule, joined by ":"
-        defs = [x for x in variant.split(":") if not x.startswith("S=")]
-        sched = [tuple(int(y) for y in x[2:].split(",")) for x in variant.split(":") if x.startswith("S=")]
-        ext = base if not defs else load_hopper_rung(
-            "fa08_v4_" + "_".join(defs).replace("=", "_").lower(), [v4.KERNEL, v4.BINDING], [v4.KERNEL.parent],
-            extra_cuda_cflags=[f"-D{d}" for d in defs])
+    for variant in flags:  # -D flags, a schedule and another kernel source, joined by ":"
+        parts = variant.split(":")
+        defs = [x for x in parts if "=" in x and not x.startswith(("S=", "FILE="))]
+        sched = [tuple(int(y) for y in x[2:].split(",")) for x in parts if x.startswith("S=")]
+        src = [Path(x[5:]).resolve() for x in parts if x.startswith("FILE=")] or [v4.KERNEL]
+        tag = "_".join(defs + [p.stem for p in src if p != v4.KERNEL]).replace("=", "_").lower()
+        ext = base if not tag else load_hopper_rung("fa08_v4_" + tag, [src[0], v4.BINDING], [v4.KERNEL.parent],
+                                                    extra_cuda_cflags=[f"-D{d}" for d in defs])
         fns[variant] = (v4.flash_attention_train, ext, sched[0] if sched else None)
     det = {k + "/det": (v4.flash_attention_train_deterministic, *rest) for k, (_, *rest) in fns.items()}
     fns = {"1": fns | det, "only": det}.get(os.environ.get("DET"), fns)
