@@ -859,9 +859,17 @@ if gpu_or_skip("timing SDPA's backward"):
 # on large, and the downward walk took the causal deterministic mode from 0.65-0.70x the default (the
 # upward walk, same sections) to 0.95-0.96x.
 #
+# **The small kernels count.** A profile of the backward kernel by kernel
+# (`2026-11-28_h100_step08_v4_profile.txt`) found $dQ$'s conversion taking 15% of the time on large:
+# each thread wrote its fragments straight to $dQ$, two fp16 values at a time, so every warp's store
+# covered 8 rows × 16 bytes, half of each 32-byte sector it touched. Staged through shared memory and
+# written a whole row at a time, the same kernel takes half as long. Zeroing the fp32 buffer and the
+# preprocess (the row sums $D_i$) are the rest: memory-bound passes that a fused design would fold into
+# its neighbours.
+#
 # The cell below reads the newest committed ladder run: each rung's backward at the 4k-16k points
 # (fp16, TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs. v4 is the
-# step's solution; no rung reaches cuDNN's backward yet.
+# step's solution: it reaches 0.995x cuDNN's backward on large, not yet 1.0x, and less at 4k-16k.
 
 # %%
 R08 = results.load("08")

@@ -386,26 +386,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // dQ = scale * dq_acc, from the fragment order of the hand-over: float4 i of a tile is warpgroup i / 1024,
-// chunk (i / 128) % 8, thread i % 128; at D 64 the two warpgroups' tiles are partial sums of one tile.
+// chunk (i / 128) % 8, thread i % 128; at D 64 the two warpgroups' tiles are partial sums of one tile. The tile
+// goes through shared memory so that dQ's rows are written whole (written straight from the fragment order,
+// each warp's 4-byte stores covered half of every sector: 1.4 TB/s, 15% of the backward on large on an H100).
 template <typename T, int D>
-__global__ void dq_convert(const FaBwdParams f) {
+__global__ void __launch_bounds__(256) dq_convert(const FaBwdParams f) {
+  constexpr int kPitch = D / 2 + 4;  // 16-bit pairs per row of the staged tile; + 4: the quads' rows in distinct banks
+  __shared__ __align__(16) uint32_t rows[BM * kPitch];
   const FaParams& p = f.base;
   const int m_blocks = (p.Sq + BM - 1) / BM, m = blockIdx.x;
   const int64_t bh = blockIdx.y;
   const float4* tile = reinterpret_cast<const float4*>(f.dq_acc + (bh * m_blocks + m) * kDqTile);
-  T* dq = static_cast<T*>(f.dq) + bh * p.Sq * D;
   constexpr int kDistinct = D == 128 ? kDqTile / 4 : kDqTile / 8;
-  for (int i = threadIdx.x; i < kDistinct; i += blockDim.x) {
+#pragma unroll
+  for (int k = 0; k < kDistinct / 256; ++k) {
+    const int i = k * 256 + threadIdx.x;
     float4 v = tile[i];
     if constexpr (D == 64) {
       const float4 u = tile[i + kDistinct];
       v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
     }
     const int wg = i / 1024, chunk = (i / 128) % 8, t = i % 128, lane = t % 32;
-    const int row = m * BM + (t / 32) * 16 + lane / 4, col = (D == 128 ? 64 * wg : 0) + 8 * chunk + 2 * (lane & 3);
-    if (row < p.Sq) *reinterpret_cast<uint32_t*>(dq + (int64_t)row * D + col) = pack2<T>(v.x * p.scale, v.y * p.scale);
-    if (row + 8 < p.Sq)
-      *reinterpret_cast<uint32_t*>(dq + (int64_t)(row + 8) * D + col) = pack2<T>(v.z * p.scale, v.w * p.scale);
+    const int row = (t / 32) * 16 + lane / 4, pair = (D == 128 ? 32 * wg : 0) + 4 * chunk + (lane & 3);
+    rows[row * kPitch + pair] = pack2<T>(v.x * p.scale, v.y * p.scale);
+    rows[(row + 8) * kPitch + pair] = pack2<T>(v.z * p.scale, v.w * p.scale);
+  }
+  __syncthreads();
+  T* dq = static_cast<T*>(f.dq) + (bh * p.Sq + (int64_t)m * BM) * D;
+  constexpr int kPerRow = D / 8;  // 16-byte pieces per row
+  for (int i = threadIdx.x; i < BM * kPerRow; i += 256) {
+    const int row = i / kPerRow, c = i % kPerRow;
+    if (m * BM + row < p.Sq)
+      *reinterpret_cast<uint4*>(dq + row * D + 8 * c) = *reinterpret_cast<const uint4*>(rows + row * kPitch + 4 * c);
   }
 }
 
