@@ -26,10 +26,13 @@ LINES: list[str] = []
 CFGS = os.environ.get("CFGS", ",".join(["large", *SWEEP_4K_16K])).split(",")
 
 
+DEFAULT_SCHEDULE = v4.SCHEDULE
+
+
 def use(ext, sched) -> None:
     if ext is not None:
         v4._extension = ext
-    v4.SCHEDULE = sched
+    v4.SCHEDULE = sched or DEFAULT_SCHEDULE
 
 
 def bench(fns: dict, rounds: int) -> None:

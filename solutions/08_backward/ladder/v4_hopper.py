@@ -29,8 +29,14 @@ from facourse.reference import default_scale  # noqa: E402
 KERNEL = Path(__file__).resolve().with_suffix(".cu")
 BINDING = KERNEL.with_name("v4_hopper_binding.cpp")
 _extension = None
-#: (section, order) of the kernel's schedule (FaBwdParams); None: schedule() picks. Probes set it.
-SCHEDULE = None
+#: The kernel's schedule (FaBwdParams), (section, order): tickets key block first within sections of `section`
+#: (b, h_kv) pairs (0: one section); `order` 0 walks a CTA's query blocks ascending, 1 descending with the
+#: group's heads innermost. Probes set other values. (4, 1) in both modes: on an H100
+#: (benchmarks/results/2026-11-28_h100_step08_v4_probes.txt) sections of 2 to 8 pairs ran within 5 % of each
+#: other; 4 ran 1.09-1.62x one section of all pairs on large and at 4k-8k (0.99-1.01x at 16k), whose resident
+#: CTAs spanned every head, so Q, dO and the dQ adds missed L2. Order 1 keeps the deterministic mode's causal
+#: waits short: 0.95-0.96x the default, against 0.65-0.70x with order 0.
+SCHEDULE = (4, 1)
 
 
 def extension():
@@ -45,17 +51,6 @@ def extension():
 def runs_on_hopper_kernel(q) -> bool:
     return (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)
             and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in (64, 128))
-
-
-def schedule(q, k, causal: bool, deterministic: bool) -> tuple[int, int]:
-    """(section, order): tickets key block first within sections of ``section`` (b, h_kv) pairs (0: one
-    section); ``order`` 0 walks query blocks ascending, 1 descending with the group's heads innermost.
-
-    (4, 1) in both modes: on an H100 (benchmarks/results/2026-11-28_h100_step08_v4_probes.txt) sections of
-    2 to 8 pairs ran within 5 % of each other; 4 ran 1.09-1.62x one section of all pairs on large and at 4k-8k
-    (0.99-1.01x at 16k), whose resident CTAs spanned every head, so Q, dO and the dQ adds missed L2. Order 1
-    keeps the deterministic mode's causal waits short: 0.95-0.96x the default, against 0.65-0.70x with order 0."""
-    return SCHEDULE if SCHEDULE is not None else (4, 1)
 
 
 def attention_forward(q, k, v, causal=False, scale=None):
@@ -75,9 +70,8 @@ def attention_backward(q, k, v, o, lse, do, causal=False, scale=None, determinis
         delta = m2 = torch.empty(0, dtype=torch.float32, device=q.device)
     else:
         delta, m2 = v3.preprocess(o, do, lse)
-    section, order = schedule(q, k, causal, deterministic)
     return tuple(extension().backward(q, k, v, do, m2, delta, bool(causal), scale, bool(deterministic),
-                                      section, order))
+                                      *SCHEDULE))
 
 
 _train = common.make_train_fn(attention_backward, "FlashAttentionTrainV4", forward=attention_forward)
