@@ -1,30 +1,55 @@
 """Step 08's v4_hopper backward kernel by kernel (torch.profiler, CUDA activity): GPU time per backward of the
 zeroing, v3's preprocess, the main kernel and dQ's conversion, on large and at non-causal 4k and 16k, both modes.
+With --one CONFIG: one backward after a warm-up, for Nsight Compute to read the main kernel's counters.
 
     PYTHONPATH=src:. python benchmarks/probes/v4_bwd_profile.py      # on an H100/H200
+    PYTHONPATH=src:. ncu --clock-control none -k regex:bwd_kernel -s 3 -c 1 --section SpeedOfLight \\
+        --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \\
+        python benchmarks/probes/v4_bwd_profile.py --one noncausal_16k
 """
-import sys, torch
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
 sys.path[:0] = ["src", ".", "solutions/08_backward/ladder"]
-import v4_hopper as v4
-from facourse.configs import get_config, make_inputs
-from torch.profiler import profile, ProfilerActivity
-for name in ("large", "noncausal_4k", "noncausal_16k"):
+import v4_hopper as v4  # noqa: E402
+
+from facourse.configs import get_config, make_inputs  # noqa: E402
+
+
+def backward_of(name: str, deterministic: bool):
+    """A function running one backward of `name` through v4's autograd entry point, warmed up."""
     cfg = get_config(name, "cuda")
-    q, k, v = make_inputs(cfg, 0, "cuda", torch.float16)
-    for det in (False, True):
-        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-        o = v4.flash_attention_train(q_, k_, v_, cfg.causal, None, det)
-        do = torch.randn_like(o)
-        for _ in range(3):
-            torch.autograd.grad(o, (q_, k_, v_), do, retain_graph=True)
+    q, k, v = (t.requires_grad_() for t in make_inputs(cfg, 0, "cuda", torch.float16))
+    o = v4.flash_attention_train(q, k, v, cfg.causal, None, deterministic)
+    do = torch.randn_like(o)
+    run = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    return run
+
+
+def by_kernel(name: str, deterministic: bool, reps: int = 5) -> None:
+    run = backward_of(name, deterministic)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                torch.autograd.grad(o, (q_, k_, v_), do, retain_graph=True)
-            torch.cuda.synchronize()
-        rows = [(e.key, e.device_time_total / 5, e.count // 5) for e in prof.key_averages() if e.device_time_total > 0]
-        total = sum(r[1] for r in rows)
-        print(f"== {name} deterministic={det}: GPU time per backward {total:.0f} us")
-        for key, t, n in sorted(rows, key=lambda r: -r[1]):
-            print(f"   {t:9.1f} us {100 * t / total:5.1f}%  x{n}  {key[:90]}")
-print(torch.cuda.get_device_name())
+    rows = [(e.key, e.device_time_total / reps, e.count // reps) for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(r[1] for r in rows)
+    print(f"== {name} deterministic={deterministic}: GPU time per backward {total:.0f} us")
+    for key, t, n in sorted(rows, key=lambda r: -r[1]):
+        print(f"   {t:9.1f} us {100 * t / total:5.1f}%  x{n}  {key[:90]}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        backward_of(sys.argv[2], False)()
+        torch.cuda.synchronize()
+    else:
+        for cfg in ("large", "noncausal_4k", "noncausal_16k"):
+            for det in (False, True):
+                by_kernel(cfg, det)
+    print(torch.cuda.get_device_name())
