@@ -856,7 +856,7 @@ if gpu_or_skip("timing SDPA's backward"):
 # head) pairs, and each CTA walks its query blocks from the last one down with the group's query
 # heads innermost, so a head's key blocks read the same rows at the same time. Nothing else changed;
 # in the probes (`2026-11-28_h100_step08_v4_probes.txt`) sections of 2, 4 and 8 ran 331-348 TFLOP/s
-# on large, and the downward walk took the causal deterministic mode from 0.65-0.70x the default (the
+# on large against 255 with one section of every pair, and the downward walk took the causal deterministic mode from 0.65-0.70x the default (the
 # upward walk, same sections) to 0.95-0.96x.
 #
 # **The small kernels count.** A profile of the backward kernel by kernel
