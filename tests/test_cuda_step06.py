@@ -408,6 +408,21 @@ def test_parse_ptxas_formats():
     assert (k.registers, k.spill_stores, k.spill_loads, k.stack, k.smem, k.barriers) == (40, 4, 12, 8, 2048, 1)
 
 
+def test_compile_report_lists_ptxas_wgmma_notes():
+    """ptxas's C75xx notes (lines seen building step 08's kernel) are listed and make summary() warn; a
+    clean log has none."""
+    from facourse.cuda_build import CompileReport
+    notes = ["ptxas info    : (C7519) warpgroup.arrive is injected in around line 31893 by compiler to allow use "
+             "of registers in GMMA in function '_Z1kv'",
+             "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+             "to non wgmma instructions defining accumulator registers of a wgmma between start and end of the "
+             "pipeline stage in the function '_Z1kv'"]
+    clean = "ptxas info    : Compiling entry function '_Z1kv' for 'sm_90a'\nptxas info    : Used 168 registers\n"
+    rep = CompileReport(True, "sm_90a", [], clean + "\n".join(notes))
+    assert rep.wgmma_notes == notes and "C7515" in rep.summary() and "WGMMA" in rep.summary()
+    assert CompileReport(True, "sm_90a", [], clean).wgmma_notes == []
+
+
 # ============================================================================ GPU tier
 @pytest.mark.gpu
 @pytest.mark.parametrize("version", [p.removesuffix(".cu") for p in LADDER_FILES] + ["solution"])

@@ -49,7 +49,8 @@ PERF_CELLS = {"perf_large", "perf_long"}
 # ============================================================================ nvcc, SASS
 @needs_nvcc
 def test_every_kernel_compiles_for_sm90a_without_spills():
-    """Rungs, solution and stub: all four instances (fp16/bf16 x D 64/128), 0 bytes spilled."""
+    """Rungs, solution and stub: all four instances (fp16/bf16 x D 64/128), 0 bytes spilled, and no C75xx note
+    (ptxas serialising WGMMAs or inserting its own waits)."""
     def compile_one(path):
         return path.name, nvcc_compile_check(path, "sm_90a", include_dirs=[LADDER, STEP], verbose=False)
 
@@ -61,6 +62,7 @@ def test_every_kernel_compiles_for_sm90a_without_spills():
         assert len(rep.kernels) == 4 and all(k.registers > 0 for k in rep.kernels), f"{name}: {rep.log}"
         assert rep.spills == 0 and "0 bytes spill stores, 0 bytes spill loads" in rep.log, f"{name}: {rep.summary()}"
         assert " spill" not in rep.log.replace("0 bytes spill", ""), f"{name}: {rep.log}"
+        assert not rep.wgmma_notes, f"{name}: {rep.summary()}"
 
 
 def test_count_opcodes_reads_cuobjdump_lines():

@@ -1,8 +1,8 @@
 """Step 08's rung v4_hopper: the backward on Hopper (CUDA, sm_90a) with step 07's forward, and its deterministic mode.
 
-CPU tier: nvcc compiles the rung for sm_90a with no spills and no WGMMA serialised for want of registers (ptxas's
-C7512, which a trap in the consumers' waits once caused) in its four backward kernels, four dQ conversions and the
-four of step 07's forward it includes; its SASS has HGMMA and UTMALDG; the routing: a CPU tensor, fp32 or a head
+CPU tier: nvcc compiles the rung for sm_90a with no spills and no C75xx note from ptxas (WGMMAs serialised, as a
+trap in the consumers' waits once caused with C7512, or a wait or fence ptxas inserted) in its four backward
+kernels, four dQ conversions and the four of step 07's forward it includes; its SASS has HGMMA and UTMALDG; the routing: a CPU tensor, fp32 or a head
 dimension the kernel does not take goes to v3's backward and step 05's forward, with the same arguments; with
 the Hopper path forced and the extension faked, the deterministic flag reaches the binding's backward, with v3's
 preprocess.
@@ -49,7 +49,7 @@ def test_kernel_compiles_for_sm90a_without_spills_or_serialised_wgmma():
     assert sum("bwd_kernel" in n for n in names) == 4 and sum("dq_convert" in n for n in names) == 4, names
     assert len(names) == 12 and all(k.registers > 0 for k in rep.kernels), rep.log
     assert rep.spills == 0 and " spill" not in rep.log.replace("0 bytes spill", ""), rep.summary()
-    assert "C7512" not in rep.log and "serialized" not in rep.log, rep.log[-2000:]
+    assert not rep.wgmma_notes, rep.summary()   # C7512 (a trap in the consumers' waits) once, C7515, C7519
     assert '#include "student_kernel_solution.cu"' in KERNEL.read_text()
 
 

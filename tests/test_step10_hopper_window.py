@@ -46,6 +46,7 @@ def test_kernel_compiles_for_sm90a_without_spills():
     assert rep.ok, rep.summary()
     assert len(rep.kernels) == 4 and all(k.registers > 0 for k in rep.kernels), rep.log
     assert rep.spills == 0 and " spill" not in rep.log.replace("0 bytes spill", ""), rep.summary()
+    assert not rep.wgmma_notes, rep.summary()
     assert "#define HFA_WINDOW 1" in KERNEL.read_text()
     assert '#include "student_kernel_solution.cu"' in KERNEL.read_text()
 

@@ -45,6 +45,7 @@ def test_kernel_compiles_for_sm90a_without_spills():
     fp8 = [k for k in rep.kernels if "fp8_kernel" in k.name]
     assert len(fp8) == 2 and len(rep.kernels) == 6 and all(k.registers > 0 for k in rep.kernels), rep.log
     assert rep.spills == 0 and " spill" not in rep.log.replace("0 bytes spill", ""), rep.summary()
+    assert not rep.wgmma_notes, rep.summary()
     text = KERNEL.read_text()
     assert "m64n128k32.f32.e4m3.e4m3" in text and '#include "student_kernel_solution.cu"' in text
 

@@ -122,6 +122,12 @@ class CompileReport:
     def spills(self) -> int:
         return sum(k.spills for k in self.kernels)
 
+    @property
+    def wgmma_notes(self) -> list[str]:
+        """ptxas's C75xx notes: WGMMAs serialised (registers short, or an accumulator read or written by other
+        instructions while a product is in flight), or a wait or fence ptxas had to insert itself."""
+        return [ln.strip() for ln in self.log.splitlines() if _WGMMA_NOTE.search(ln)]
+
     def summary(self) -> str:
         if not self.ok:
             head = f"nvcc FAILED for {self.arch}: {len(self.errors)} error(s)"
@@ -130,6 +136,9 @@ class CompileReport:
         lines += ["  " + k.line() for k in self.kernels]
         if self.spills:
             lines.append("  WARNING: register spills (local memory traffic): reduce live registers")
+        if self.wgmma_notes:
+            lines.append("  WARNING: ptxas changed the WGMMA pipeline (each costs speed):")
+            lines += ["    " + n[:200] for n in dict.fromkeys(self.wgmma_notes)]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -150,6 +159,7 @@ def _demangle(names: list[str]) -> dict[str, str]:
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
 _PROPS = re.compile(r"Function properties for (\S+)")
+_WGMMA_NOTE = re.compile(r"\(C75\d\d\)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
