@@ -825,7 +825,8 @@ if gpu_or_skip("timing SDPA's backward"):
 # (`2026-11-27_h200_step08_v4_probes.txt`); without the trap (and with lecture 07's split of the
 # registers), no spill and no serialisation. The consumers now spin without one (`mbar_wait_spin`); the producer, whose waits
 # keep the trap, stops a lost arrival as well. The lesson generalises: read ptxas's `-v` output and
-# its C75xx notes for every WGMMA kernel, not only the spill count.
+# its C75xx notes for every WGMMA kernel, not only the spill count (`facourse.cuda_build.nvcc_compile_check`
+# lists them in its report and warns).
 #
 # **Why $dQ$ is the hard part.** $dQ_i = \sum_j dS_{ij} K_j$ sums over key blocks, which live in
 # different CTAs. Two ways to collect it:
