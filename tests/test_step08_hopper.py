@@ -12,13 +12,13 @@ the default's dQ (added in any order) may not.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import load_module
 from facourse.cuda_build import HOPPER_OPCODES, check_sass, find_cuobjdump, nvcc_compile_check
 from facourse.hw import has_nvcc
 
@@ -34,10 +34,7 @@ needs_sass = pytest.mark.skipif(not has_nvcc() or find_cuobjdump() is None, reas
 @pytest.fixture(scope="module")
 def v4():
     sys.path.insert(0, str(LADDER))
-    spec = importlib.util.spec_from_file_location("ladder08_v4_hopper", LADDER / "v4_hopper.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(LADDER / "v4_hopper.py", "ladder08_v4_hopper")
 
 
 # ============================================================================ CPU tier

@@ -14,12 +14,12 @@ full length (check_perf_variant).
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import load_module
 from facourse.cuda_build import nvcc_compile_check
 from facourse.hw import has_nvcc
 
@@ -32,10 +32,7 @@ needs_nvcc = pytest.mark.skipif(not has_nvcc(), reason="nvcc is not installed")
 
 @pytest.fixture(scope="module")
 def v6():
-    spec = importlib.util.spec_from_file_location("ladder10_v6_hopper_window", LADDER / "v6_hopper_window.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(LADDER / "v6_hopper_window.py", "ladder10_v6_hopper_window")
 
 
 # ============================================================================ CPU tier

@@ -11,13 +11,13 @@ descales per 64 and per 128 rows, fp16 and bf16 out; twice per case (a moving er
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import load_module
 from facourse.cuda_build import nvcc_compile_check
 from facourse.hw import has_nvcc
 
@@ -31,10 +31,7 @@ needs_nvcc = pytest.mark.skipif(not has_nvcc(), reason="nvcc is not installed")
 @pytest.fixture(scope="module")
 def v8():
     sys.path.insert(0, str(LADDER))
-    spec = importlib.util.spec_from_file_location("ladder10_v8_hopper_fp8", LADDER / "v8_hopper_fp8.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(LADDER / "v8_hopper_fp8.py", "ladder10_v8_hopper_fp8")
 
 
 # ============================================================================ CPU tier
