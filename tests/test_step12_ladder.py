@@ -128,7 +128,8 @@ def test_ring_mode_cpu_smoke_writes_the_schema(tmp_path, capsys, monkeypatch):
     assert [x["config"] for x in bench] == list(d["one_gpu"]) == ["smoke_causal_256", "smoke_causal_512"]
     for x in bench:
         assert x["ref_backend"] == "ONE_GPU" and x["ms"] > 0 and x["ms_ref"] > 0 and x["tflops_ref"] >= 0
-        assert x["ratio"] == pytest.approx(x["ms_ref"] / x["ms"], rel=1e-3)
+        # stored to 4 places (facourse.kinds.ring): a CPU smoke ratio near 0.04 is off by up to 5e-5 from rounding
+        assert x["ratio"] == pytest.approx(x["ms_ref"] / x["ms"], rel=1e-3, abs=5e-5)
         assert x["efficiency"] == pytest.approx(x["ratio"] / 2, rel=1e-3)
         assert len(x["rank_ms"]) == len(x["compute_ms"]) == len(x["wait_ms"]) == 2 and x["transfer_ms"] > 0
         # v4 on 2 ranks: two ring steps, a wait for the shard after the first
