@@ -817,8 +817,10 @@ if gpu_or_skip("timing SDPA's backward"):
 #
 # **Registers.** $dK_j$ and $dV_j$ stay in registers for the whole walk: at $d = 128$ that is
 # $2 \times 64 \times 128$ fp32 values per warpgroup, 128 registers per thread, before $S^\top$ and
-# $dP^\top$ (32 each) are in flight. `setmaxnreg` gives each consumer thread 232 and the producer 40, as
-# in lecture 07. The budget is tight enough that the compiler's view of it decides the speed: with a
+# $dP^\top$ (32 each) are in flight. `setmaxnreg` gives each consumer thread 240 and the producer 24
+# (lecture 07's split is 232 and 40; at 232 the issue order below spilled three registers). Both move
+# registers within the CTA's launch allocation, 168 a thread at 384 threads: a split past it (32 and
+# 240) made every launch fail. The budget is tight enough that the compiler's view of it decides the speed: with a
 # deadlock trap (`__trap()` after four seconds) in the consumers' barrier waits, ptxas reported
 # "wgmma.mma_async instructions are serialized due to insufficient register resources" (C7512), waited
 # after every WGMMA and spilled, and the first build ran at 155-185 TFLOP/s on an H200
@@ -868,9 +870,21 @@ if gpu_or_skip("timing SDPA's backward"):
 # preprocess (the row sums $D_i$) are the rest: memory-bound passes that a fused design would fold into
 # its neighbours.
 #
+# **Keeping the tensor cores fed.** Nsight Compute on the main kernel at non-causal 16k on an H100
+# (`2026-11-28_h100_step08_v4_profile.txt`) found the tensor pipe busy 55 % of the time: about 4670
+# cycles per step where the five products need 2560 at peak. Both consumer warpgroups meet at the
+# barrier before $dQ$ in every step, so they also idle together: while $dS^\top$ is computed and
+# stored, and while $dQ$'s fragments go to the hand-over buffer. The order of issue now fills both
+# gaps with this warpgroup's own work: $dV$ as soon as $P^\top$ is in registers (it runs under
+# $dS^\top$, its store and the barrier) and $dK$ behind $dQ$ (it runs under the hand-over); a WGMMA
+# descriptor is built once per operand and product and stepped by adding to its address field. On one
+# H100 the new build ran 382 TFLOP/s on large against 368 for the old one in the same process, on
+# another H100 the two ran within 2 % of each other (`2026-11-28_h100_step08_v4_probes.txt`, probes 6
+# and 7): what the order saves depends on the card.
+#
 # The cell below reads the newest committed ladder run: each rung's backward at the 4k-16k points
 # (fp16, TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs. v4 is the
-# step's solution: it reaches 0.995x cuDNN's backward on large, not yet 1.0x, and less at 4k-16k.
+# step's solution: it reaches 0.98x cuDNN's backward on large, not yet 1.0x, and less at 4k-16k.
 
 # %%
 R08 = results.load("08")

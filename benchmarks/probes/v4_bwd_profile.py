@@ -1,6 +1,7 @@
 """Step 08's v4_hopper backward kernel by kernel (torch.profiler, CUDA activity): GPU time per backward of the
 zeroing, v3's preprocess, the main kernel and dQ's conversion, on large and at non-causal 4k and 16k, both modes.
-With --one CONFIG: one backward after a warm-up, for Nsight Compute to read the main kernel's counters.
+With --one CONFIG [FLAG=VALUE...]: one backward after a warm-up (of a build with those -D flags), for Nsight
+Compute to read the main kernel's counters.
 
     PYTHONPATH=src:. python benchmarks/probes/v4_bwd_profile.py      # on an H100/H200
     PYTHONPATH=src:. ncu --clock-control none -k regex:bwd_kernel -s 3 -c 1 --section SpeedOfLight \\
@@ -46,6 +47,11 @@ def by_kernel(name: str, deterministic: bool, reps: int = 5) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
+        if sys.argv[3:]:
+            from facourse.cuda_build import load_hopper_rung
+            v4._extension = load_hopper_rung("fa08_v4_" + "_".join(sys.argv[3:]).replace("=", "_").lower(),
+                                             [v4.KERNEL, v4.BINDING], [v4.KERNEL.parent],
+                                             extra_cuda_cflags=[f"-D{d}" for d in sys.argv[3:]])
         backward_of(sys.argv[2], False)()
         torch.cuda.synchronize()
     else:

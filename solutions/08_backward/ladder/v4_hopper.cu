@@ -11,15 +11,19 @@
 //     S^T  = K_w Q_i^T                 WGMMA SS, 64 x 64, K-major A and B      } in flight together
 //     dP^T = V_w dO_i^T                WGMMA SS, 64 x 64                       }
 //     P^T  = 2^(S^T c - m2_i)          registers, under dP^T (c = scale log2 e; m2 = lse log2 e, v3's preprocess)
+//     dV_w += P^T dO_i                 WGMMA RS, dO MN-major: this warpgroup's operands only, so it runs under
+//                                      the next two lines and the barrier
 //     dS^T = P^T (dP^T - delta_i)      registers, and stored to shared memory (128-byte swizzled)
-//     dV_w += P^T dO_i                 WGMMA RS, dO MN-major    } issued before the barrier: this warpgroup's
-//     dK_w += dS^T Q_i                 WGMMA RS, Q MN-major     } operands only
-//     dQ_i += dS K_j                   WGMMA SS from dS^T (A MN-major) and K (B MN-major), after the barrier:
+//     dQ_i  = dS K_j                   WGMMA SS from dS^T (A MN-major) and K (B MN-major), after the barrier:
 //                                      at D 128 warpgroup w makes dQ's columns 64w..64w+63 from all 128
 //                                      keys; at D 64 its own 64 keys' share of all 64 columns (two partial
 //                                      tiles, summed by the conversion)
-// then hands its dQ fragments (fp32, 32 per thread, in fragment order) to the writer through a double
-// buffer in shared memory; the writer adds each 32 KB tile into dq_acc with one cp.reduce.async.bulk.
+//     dK_w += dS^T Q_i                 WGMMA RS, Q MN-major, behind dQ
+// and, while dK runs, hands its dQ fragments (fp32, 32 per thread, in fragment order) to the writer through a
+// double buffer in shared memory; the writer adds each 32 KB tile into dq_acc with one cp.reduce.async.bulk.
+// (dV, dK both before the barrier and dQ last left the tensor cores idle under dS^T and under the hand-over;
+// this order, 240 registers and stepped descriptors ran 1.04-1.05x that on one H100, 0.98-1.00x on another:
+// 2026-11-28_h100_step08_v4_probes.txt.)
 //
 // Deterministic mode (FaBwdParams::sems): the writer of key block n adds tile (b, h, i) only when the
 // tile's semaphore reads n (key blocks 0..n-1 have added theirs), waits for its add to land, then bumps
@@ -43,6 +47,10 @@ constexpr int kThreads = 384;
 #ifndef V4_ROTATE
 #define V4_ROTATE 1        // non-causal: each key block starts at its own diagonal (Work::first)
 #endif
+// setmaxnreg: the producer warpgroup gives up all but 24 registers a thread so that the consumers hold 240 (at 232
+// the mainloop spilled); both move within the CTA's launch allocation, 168 a thread at 384 threads (past it: a fault)
+constexpr int kProducerRegsBwd = 24, kConsumerRegsBwd = 240;
+static_assert(128 * kProducerRegsBwd + 256 * kConsumerRegsBwd <= kThreads * 168, "setmaxnreg past the allocation");
 #ifndef V4_PROBE_NO_REDUCE
 #define V4_PROBE_NO_REDUCE 0   // benchmarks/probes only (dQ wrong): the writer skips the bulk reduce-add
 #endif
@@ -105,6 +113,10 @@ HP_DEVICE int ld_acquire(const int* p) {
   return v;
 }
 HP_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+// An operand's descriptor at `bytes` past its base: the offset added to the 14-bit address field (no carry below
+// 228 KB), so that an unrolled GEMM builds one descriptor per operand, not one per instruction (1.00-1.03x on
+// one H100: probe 6 of 2026-11-28_h100_step08_v4_probes.txt)
+HP_DEVICE uint64_t desc_at(uint64_t base, uint32_t bytes) { return base + (bytes >> 4); }
 
 // A 64 x 64 tile in 16-bit pairs (x[j / 2][2 (j % 2) + h]: row 16 warp + lane/4 + 8h of warpgroup wg's 64, columns
 // 8j + 2(lane%4) + {0, 1}) into a [128 rows][64 columns] tile, 128-byte swizzled as TMA writes (a WGMMA operand).
@@ -206,7 +218,9 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
   const float c = p.scale * LOG2E;
   const int off = p.Skv - p.Sq, key_wg = w.n_block * BN + wg * 64, key0 = key_wg + warp * 16 + lane / 4;
   uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
-  const bool cut_keys = key_wg + 64 > p.Skv;  // keys past Skv read as 0; their P must be 0 too
+  // a step masks when its query block starts below this (keys past Skv read as 0, their P must be 0 too):
+  // one register, not three live across the loop
+  const int mask_below = key_wg + 64 > p.Skv ? INT_MAX : p.causal ? key_wg + 63 - off : INT_MIN;
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -238,11 +252,19 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
     // Row = key key0 + 8h, column = query q0 + 8j + 2(lane%4) + e.
     // d = A B^T over the head dimension, A this warpgroup's 64 key rows of K or V, B the 64 rows of Q or dO
     auto gemm_rows = [&](float (&d)[32], uint32_t a, uint32_t b) {
+      const uint64_t da = smem_desc(a, 16, 1024), db = smem_desc(b, 16, 1024);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_ss<T, 64, 0, 0>(d, smem_desc(a + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024),
-                              smem_desc(b + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+        wgmma_ss<T, 64, 0, 0>(d, desc_at(da, (kk / 4) * BN * 128 + (kk % 4) * 32),
+                              desc_at(db, (kk / 4) * BM * 128 + (kk % 4) * 32), kk > 0);
+      wgmma_commit();
+    };
+    // acc += A B over this step's 64 rows of Q or dO (B, MN-major), A = P^T or dS^T in registers
+    auto gemm_keys = [&](float (&acc_kd)[D / 2], const uint32_t (&a)[4][4], uint32_t b) {
+      const uint64_t db = smem_desc(b, BM * 128, 1024);
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<T, D>(acc_kd, a[kk], desc_at(db, kk * 16 * 128));
       wgmma_commit();
     };
     mbar_wait_spin(&bars.q_full[s], ph);
@@ -252,7 +274,7 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
     wgmma_wait<1>();
     pin_registers(acc);
     // P^T = 2^(S^T c - m2) in place, 0 where the key is hidden (causal, past Skv), under the dP^T product
-    const bool masked = cut_keys || (p.causal && key_wg + 63 > q0 + off);
+    const bool masked = q0 < mask_below;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 mm = *reinterpret_cast<const float2*>(m2 + 8 * j + 2 * (lane & 3));
@@ -269,7 +291,10 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
         pt[j / 2][2 * (j % 2) + h] = pack2<T>(x[0], x[1]);
       }
     }
-    wgmma_wait<0>();
+    // dV_w += P^T dO_i needs this warpgroup's registers only: it runs under dS^T and the barrier
+    wgmma_fence();
+    gemm_keys(dv, pt, do_addr);
+    wgmma_wait<1>();
     pin_registers(acc2);
     // dS^T = P^T (dP^T - delta), P^T in fp32 (in its 16-bit form, bf16's rounding of P put dK 5% past the
     // check's bound on the overflow case)
@@ -283,42 +308,29 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
       }
     }
     unsigned char* ds_buf = smem + L::kDS + (it & 1) * L::kDSBytes;
-    const uint32_t ds_addr = smem_u32(ds_buf);
-    store_rows(ds_buf, ds, wg, warp, lane);  // before the products: their A registers may not be read in flight
+    const uint64_t d_ds = smem_desc(smem_u32(ds_buf), BN * 128, 1024), d_k = smem_desc(k_addr, BN * 128, 1024);
+    store_rows(ds_buf, ds, wg, warp, lane);
     fence_proxy_async_shared();
-    // dV_w += P^T dO_i and dK_w += dS^T Q_i need this warpgroup's registers only: issued before the barrier,
-    // they run while the other warpgroup catches up
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      wgmma_rs<T, D>(dv, pt[kk], smem_desc(do_addr + kk * 16 * 128, BM * 128, 1024));
-      wgmma_rs<T, D>(dk, ds[kk], smem_desc(q_addr + kk * 16 * 128, BM * 128, 1024));
-    }
     if (stage) store_stats(stats, it + 1, lane, next);
     named_bar_sync(kBarDs, 256);  // both warpgroups' rows of dS^T are in (dQ reads all 128 keys), and step it + 1's stats
     wgmma_fence();
     if constexpr (D == 128) {     // dQ_i's columns 64wg.. from all 128 keys: K's panel wg
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_ss<T, 64, 1, 1>(acc, smem_desc(ds_addr + kk * 16 * 128, BN * 128, 1024),
-                              smem_desc(k_addr + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+        wgmma_ss<T, 64, 1, 1>(acc, desc_at(d_ds, kk * 16 * 128), desc_at(d_k, (wg * BN + kk * 16) * 128), kk > 0);
     } else {                      // all 64 columns from this warpgroup's 64 keys
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wgmma_ss<T, 64, 1, 1>(acc, smem_desc(ds_addr + (wg * 64 + kk * 16) * 128, BN * 128, 1024),
-                              smem_desc(k_addr + (wg * 64 + kk * 16) * 128, BN * 128, 1024), kk > 0);
+        wgmma_ss<T, 64, 1, 1>(acc, desc_at(d_ds, (wg * 64 + kk * 16) * 128), desc_at(d_k, (wg * 64 + kk * 16) * 128),
+                              kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    gemm_keys(dk, ds, q_addr);    // dK_w += dS^T Q_i, behind dQ: it runs while dQ goes to the hand-over buffer
+    wgmma_wait<1>();
     pin_registers(acc);
-    pin_registers(dk);
     pin_registers(dv);
     pin_registers(pt);
-    pin_registers(ds);
-    if (lane == 0) {
-      mbar_arrive(&bars.q_empty[s]);
-      mbar_arrive(&bars.do_empty[s]);
-    }
+    if (lane == 0) mbar_arrive(&bars.do_empty[s]);
     const int b = it & 1;
     mbar_wait_spin(&bars.dq_empty[b], ((it >> 1) & 1) ^ 1);  // the writer's add of step it - 2 has read it
     float4* out = reinterpret_cast<float4*>(smem + L::kDQ + b * kDqTile * 4) + wg * 8 * 128 + tid;
@@ -327,6 +339,10 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
     fence_proxy_async_shared();
     __syncwarp();
     if (lane == 0) mbar_arrive(&bars.dq_full[b]);
+    wgmma_wait<0>();
+    pin_registers(dk);
+    pin_registers(ds);
+    if (lane == 0) mbar_arrive(&bars.q_empty[s]);
   }
 
   // dK = scale * sum dS^T Q, dV = sum P^T dO: rows key0 + 8h, columns 8j + 2(lane%4) + {0,1}
@@ -376,12 +392,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const Work w(f, bars.ticket);
   if (threadIdx.x < 128) {
-    setmaxnreg_dec<kProducerRegs>();  // step 07's split: 40 and 232
+    setmaxnreg_dec<kProducerRegsBwd>();
     if (threadIdx.x == 0) load_tiles<D>(&tm_q, &tm_k, &tm_v, &tm_do, smem, bars, w);
     if (threadIdx.x == 32) dq_writer<D>(smem, bars, f, w);
-    return;  // the producer warpgroup is done; only the consumers go on (with 232 registers each)
+    return;  // the producer warpgroup is done; only the consumers go on (with 240 registers each)
   }
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<kConsumerRegsBwd>();
   dkdv_mainloop<T, D>(smem, bars, f, w, threadIdx.x / 128 - 1);
 }
 
