@@ -7,9 +7,13 @@ deterministic mode's bits over three runs, and v4, its deterministic mode and v3
     PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py S=4,1 V4_ROTATE=0:S=4,0 FILE=old.cu  # schedules, flags, sources
     PYTHONPATH=src:. python benchmarks/probes/v4_bwd_variants.py --full
     CFGS=large,causal_8k DET=1 ...       # the configurations timed; DET=1: each variant's deterministic mode too, DET=only: that alone
+    CLOCKS=1 ...                         # nvidia-smi samples the SM clock and the power every 50 ms: each timing's means
 """
 import os
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 sys.path[:0] = ["src", ".", "solutions/08_backward/ladder"]
@@ -35,15 +39,39 @@ def use(ext, sched) -> None:
     v4.SCHEDULE = sched or DEFAULT_SCHEDULE
 
 
+def clock_samples():
+    """(stop, read): nvidia-smi sampling the SM clock and the power every 50 ms; read(t0, t1): their means over
+    [t0, t1] (a timing's window: the reference's calls, interleaved with the variant's, are in it too)."""
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    rows: list = []
+
+    def pump():  # a thread: the timings go on while it reads
+        for line in smi.stdout:
+            mhz, watts = (float(x) for x in line.split(","))
+            rows.append((time.time(), mhz, watts))
+    threading.Thread(target=pump, daemon=True).start()
+
+    def read(t0: float, t1: float):
+        got = [r for r in rows if t0 <= r[0] <= t1]
+        return (sum(r[1] for r in got) / len(got), sum(r[2] for r in got) / len(got)) if got else (0.0, 0.0)
+    return smi.terminate, read
+
+
 def bench(fns: dict, rounds: int) -> None:
+    stop, read = clock_samples() if os.environ.get("CLOCKS") else (None, None)
     for r in range(rounds):
         for cfg in CFGS:
             for name, (fn, ext, *sched) in fns.items():
                 use(ext, sched[0] if sched else None)
+                t0 = time.time()
                 res = bench_attention(fn, cfg, backend="CUDNN_ATTENTION", mode="backward")
+                clk = " SM %.0f MHz %.0f W" % read(t0, time.time()) if read else ""
                 LINES.append(f"BENCH r{r} {name} {cfg} {res.tflops_student:.1f} vs {res.ratio:.3f}")
                 print(f"BENCH r{r} {name:8} {cfg:14} {res.tflops_student:6.0f} TFLOP/s vs cuDNN {res.tflops_ref:6.0f}: "
-                      f"x{res.ratio:.3f}", flush=True)
+                      f"x{res.ratio:.3f}{clk}", flush=True)
+    if stop:
+        stop()
 
 
 def full() -> None:
