@@ -818,9 +818,10 @@ if gpu_or_skip("timing SDPA's backward"):
 # **Registers.** $dK_j$ and $dV_j$ stay in registers for the whole walk: at $d = 128$ that is
 # $2 \times 64 \times 128$ fp32 values per warpgroup, 128 registers per thread, before $S^\top$ and
 # $dP^\top$ (32 each) are in flight. `setmaxnreg` gives each consumer thread 240 and the producer 24
-# (lecture 07's split is 232 and 40; at 232 the issue order below spilled three registers). Both move
-# registers within the CTA's launch allocation, 168 a thread at 384 threads: a split past it (32 and
-# 240) made every launch fail. The budget is tight enough that the compiler's view of it decides the speed: with a
+# (lecture 07's split is 232 and 40; at 232, with the issue order of the section's last paragraphs,
+# ptxas spilled and serialised the WGMMAs, the C7512 below). Both move registers within the CTA's
+# launch allocation, 168 a thread at 384 threads: a split past it (32 and 240) made every launch fail.
+# The budget is tight enough that the compiler's view of it decides the speed: with a
 # deadlock trap (`__trap()` after four seconds) in the consumers' barrier waits, ptxas reported
 # "wgmma.mma_async instructions are serialized due to insufficient register resources" (C7512), waited
 # after every WGMMA and spilled, and the first build ran at 155-185 TFLOP/s on an H200
