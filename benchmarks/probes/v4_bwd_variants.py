@@ -48,7 +48,10 @@ def clock_samples():
 
     def pump():  # a thread: the timings go on while it reads
         for line in smi.stdout:
-            mhz, watts = (float(x) for x in line.split(","))
+            try:
+                mhz, watts = (float(x) for x in line.split(","))
+            except ValueError:  # "[N/A]" where a card does not report one: skip the sample, keep sampling
+                continue
             rows.append((time.time(), mhz, watts))
     threading.Thread(target=pump, daemon=True).start()
 

@@ -188,6 +188,8 @@ def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=No
         # sequence, and its NaN cannot pass for another mistake's on the sequences it happens to break
         if not _fixed_pages(table, case.seq_lens, ps):
             break
+    else:
+        raise RuntimeError(f"{case.name}: 64 draws of the block table each left a page at its own index")
     kv_shape = (num_pages, ps, case.Hkv, case.D)
     gd = g if device.type == "cpu" else torch.Generator(device).manual_seed(seed)   # big caches: drawn where they live
     k_cache = torch.randn(kv_shape, generator=gd, device=device)

@@ -48,7 +48,8 @@ constexpr int kThreads = 384;
 #define V4_ROTATE 1        // non-causal: each key block starts at its own diagonal (Work::first)
 #endif
 // setmaxnreg: the producer warpgroup gives up all but 24 registers a thread so that the consumers hold 240 (at 232
-// the mainloop spilled 16 bytes and ptxas serialised its WGMMAs, C7512); both move within the CTA's launch allocation, 168 a thread at 384 threads (past it: a fault)
+// the mainloop spilled 16 bytes and ptxas serialised its WGMMAs, C7512); both move within the CTA's launch
+// allocation, 168 a thread at 384 threads (past it: a fault)
 constexpr int kProducerRegsBwd = 24, kConsumerRegsBwd = 240;
 static_assert(128 * kProducerRegsBwd + 256 * kConsumerRegsBwd <= kThreads * 168, "setmaxnreg past the allocation");
 #ifndef V4_PROBE_NO_REDUCE
