@@ -33,7 +33,6 @@ import hashlib
 import hmac
 import io
 import json
-import os
 import secrets
 import shutil
 import socket
@@ -471,14 +470,13 @@ def run_inprocess(assignment: str, fn, tests=None, *, device: str | None = None,
     For the course's tests and the GPU self-test (the GPU machines have no Jupyter): the same
     client, wire, plan, replay and verdicts as ``autograde``, without nbgrader around them.
     """
-    from .judge_client import ENV, judge as hidden_cell
+    from .judge_client import ADDRESS, judge as hidden_cell
 
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     j = Judge(assignment, points_of(assignment), device=device, student_files=student_files,
               release_dir=release_dir, seed_key=seed_key)
-    old = os.environ.get(ENV)
-    os.environ[ENV] = j.address
+    token = ADDRESS.set(j.address)          # this thread's judge, not the process environment's
     errors = {}
     try:
         for test in (tests or list(j.plan)):
@@ -488,10 +486,7 @@ def run_inprocess(assignment: str, fn, tests=None, *, device: str | None = None,
             except Exception as err:        # the verdict says why; keep the kernel-side error too
                 errors[test] = f"{type(err).__name__}: {err}"
     finally:
-        if old is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = old
+        ADDRESS.reset(token)
     verdicts = j.finish(errors)
     return {t: v for t, v in verdicts.items() if tests is None or t in tests}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from contextvars import ContextVar
 
 import torch
 
@@ -28,6 +29,11 @@ from facourse.check import collecting
 from . import wire
 from .checks import CHECKS
 from .model import JUDGE_ENV as ENV
+
+#: judge.run_inprocess's judge, for the thread (context) that set it; else the kernel's environment names it. Threads
+#: grading side by side each reach their own judge, and none writes the process environment (setenv racing another
+#: thread's getenv crashed a worker)
+ADDRESS: ContextVar[str | None] = ContextVar("facourse_judge_address", default=None)
 
 
 class JudgeFailure(AssertionError):
@@ -166,7 +172,7 @@ def _also(fn, perf: dict, backend: str) -> None:
 
 def judge(test: str, fn) -> None:
     """Run hidden test ``test`` on entry point ``fn`` through the judge (see module doc)."""
-    path = os.environ.get(ENV)
+    path = ADDRESS.get() or os.environ.get(ENV)
     if not path:
         return _local(test, fn)
     conn = _Conn(path)

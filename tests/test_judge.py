@@ -293,21 +293,28 @@ def test_perf_record_the_judge_cannot_check_earns_nothing(monkeypatch):
 
 def test_concurrent_verdicts_leave_stdout_alone():
     """Workers grade submissions in parallel threads, each with its judge: the summary lines a
-    verdict collects must not swallow the process's own output, nor leave it redirected. (The
-    threads share the variable that names the judge, so which judge each reaches is not tested here.)"""
+    verdict collects must not swallow the process's own output, nor leave it redirected; each thread
+    reaches its own judge (a context variable, not the process environment: setenv in one thread
+    racing getenv in another crashed a test worker) and the solution gets its points in every one."""
+    import os
     import sys
     import threading
 
-    before = sys.stdout
+    from autograder.judge_client import ENV
+
+    before, env = sys.stdout, os.environ.get(ENV)
     # step 02: its tests run no guard, whose hooks (class attributes) are the kernel's, one thread there
     sol = _solution("02_safe_softmax", "safe_softmax")
-    threads = [threading.Thread(target=run_inprocess, args=("02_safe_softmax", sol, ["test_small", "test_ragged"]),
-                                kwargs={"quiet": False}) for _ in range(4)]
+    got: list = []
+    tests = ["test_small", "test_ragged"]
+    threads = [threading.Thread(target=lambda: got.append(run_inprocess("02_safe_softmax", sol, tests, quiet=False)))
+               for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sys.stdout is before
+    assert sys.stdout is before and os.environ.get(ENV) == env
+    assert len(got) == 4 and all(set(v) == set(tests) and all(x.passed for x in v.values()) for v in got), got
 
 
 def test_tamper_flags_zero_the_judged_tests_unless_an_instructor_trusts_them():
