@@ -73,7 +73,7 @@ from facourse.hw import HardwareUnavailable, require_sm90a
 HOPPER = ROOT / "solutions" / "07_hopper_flash_attention"  # not in the student bundle
 LADDER = HOPPER / "ladder"
 RUNGS = sorted(LADDER.glob("v[0-9]*_*.cu"))
-R7 = results.load("07")   # what we measured on an H100 (course/results/measured.json), or None
+R7 = results.load("07")   # the newest committed ladder run (course/results/measured.json), or None
 print("ladder rungs here:", [p.stem for p in RUNGS] or "none (the solutions/ folder is not in this bundle)")
 
 # %% [markdown]
@@ -87,7 +87,7 @@ print("ladder rungs here:", [p.stem for p in RUNGS] or "none (the solutions/ fol
 # | FlashAttention-3 forward, FP8 | close to 1.2 PFLOP/s | FA3 paper, abstract and §4.1 |
 # | special-function (exp2) throughput | 16 per clock per SM on compute capability 9.0 | CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table |
 #
-# Our own H100 agrees with the second line: the cell reads what PyTorch's FLASH_ATTENTION backend
+# Our own measurement agrees with the second line: the cell reads what PyTorch's FLASH_ATTENTION backend
 # (FlashAttention-2) measured next to this step's ladder, committed in `course/results/measured.json`.
 
 # %%
@@ -429,16 +429,18 @@ print("S accumulator of columns 16k..16k+15 == A operand of k-step k of O += P V
 # `setmaxnreg.inc.sync.aligned.u32 232` (consumers), executed warpgroup-wide at the start, move
 # registers from one role to the other; `ptxas` allocates the consumer code against the raised limit.
 # FA3's code uses 24 / 240 for this three-warpgroup shape (40 / 232 when its producer loads with
-# `cp.async` instead of TMA); any pair whose total fits the register file works.
+# `cp.async` instead of TMA). The budget is the CTA's launch allocation, 168 x 384 = 64,512 registers,
+# not the 65,536 of the register file: step 08's backward tried 32 / 240 (65,536 in all) and every
+# launch failed (`2026-11-28_h200_step08_v4_probes.txt`).
 
 # %%
 REGFILE, THREADS = 65536, 3 * 128
 at_launch = REGFILE // THREADS // 8 * 8
 print(f"registers per thread at launch: {at_launch}")
-for prod, cons in ((40, 232), (24, 240), (56, 224)):
+for prod, cons in ((40, 232), (24, 240), (32, 240)):
     total = 128 * prod + 2 * 128 * cons
-    print(f"producer {prod:3d}, consumers {cons}: {total:6d} of {REGFILE} registers -> "
-          f"{'fits' if total <= REGFILE else 'does not fit'}")
+    print(f"producer {prod:3d}, consumers {cons}: {total:6d} of {at_launch * THREADS} registers allocated at "
+          f"launch -> {'fits' if total <= at_launch * THREADS else 'does not fit: the launch fails'}")
 live = dict(O=D // 2, S=BLOCK_N // 2, P=BLOCK_N // 16 * 4, m_l_alpha=6)
 print("consumer live state at the peak of the loop, registers per thread:", live, "=", sum(live.values()),
       "+ addresses and indices")
@@ -645,6 +647,9 @@ else:
 # | `v2_pingpong` | named barriers: the consumer warpgroups take turns on the tensor cores | §3.1 |
 # | `v3_overlap` | softmax of block $j$ while $PV$ of the previous block runs (`wait_group 1`) | §3.2 |
 # | `v4_persistent` | one CTA per SM; its producer takes tiles (longest first) from a global counter | §3.1 (and FA3's code) |
+# | `v5_stages3` | a K/V ring three blocks deep instead of two | (did not pay) |
+# | `v6_block_n176` | key blocks of 176 instead of 128: the ladder's solution | FA3's code (its tile for $D = 128$) |
+# | `v7_rescale_in_turn` | $O$ rescaled under the $QK^\top$ GEMM, inside the turn | FA3's code (did not pay) |
 #
 # FA3's own ablation (§4.2, Table 2; non-causal, head dimension 128, about 8k tokens) measured
 # 661 TFLOP/s for the full kernel, 582 without the softmax/GEMM pipelining and 570 without warp
@@ -726,13 +731,34 @@ if R7:
 # launches and prologues, but a CTA's next $Q_i$ can only load once both consumer warpgroups are done
 # with the current one. A rung keeps its idea only if the numbers say so.
 #
-# One idea that did not pay is kept as a rung for that reason: `v5_stages3` makes the K/V ring three
+# **Wider key blocks.** Every step of a warpgroup's loop pays for more than its two GEMMs: the row
+# maximum and the row sum across the four lanes of a quad, the 64 multiplies that rescale $O$, the
+# waits on the ring and the turn's two barriers. None of that grows with the number of keys in a
+# block, so a wider block shares it among more keys. `v6_block_n176` is `v4_persistent` with
+# `HFA_BLOCK_N` 176, FA3's width for $D = 128$: $S$ is 88 accumulators a thread instead of 64, $P$ 44
+# registers instead of 32, still no spill at 232, and the ring takes 2 x 2 x 44 KB + 32 KB of Q = 208 KB.
+# Alternating with v4 in one process on an H200 it took 0.91-0.99x v4's time at every point, and 160
+# or 192 keys ran within 1 % of 176 (`benchmarks/results/2026-11-28_h200_step07_block_n.txt`). The
+# exercise keeps 128 (its harness, its CPU emulator and their messages count in 128-key blocks), so
+# the ladder's solution is v6, one define away from yours. Step 10's window kernel keeps 128 too: a
+# 1024-key window is 9 blocks of 128 per tile, and at 176 it lost 3 % (same file, section 3).
+#
+# **FA3's rescale position.** FA3's mainloop rescales $O$ after issuing $QK^\top$ and before issuing
+# $PV$, so the multiplies run while the tensor cores work on $S$. `v7_rescale_in_turn` does the same
+# (a register pin keeps ptxas from hoisting the multiplies above the issue; the SASS shows them between
+# the two GEMMs). It ran at 0.93-0.96x v6's speed alternating in one process (same file, section 2).
+# Our reading: with ping-pong the multiplies now sit inside the warpgroup's turn, and the other
+# warpgroup waits for the turn, not for the tensor cores; our loop's place for them, after the wait
+# for $PV$ and before the turn, is already hidden behind the other warpgroup's GEMMs. The rung stays
+# in the ladder because it did not pay.
+#
+# So does an older one: `v5_stages3` makes the K/V ring three
 # blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer
 # runs one block further ahead. It changes nothing the consumers wait on in the long loops, and on
 # the short ones it was meant for (step 10's 1024-token window, 9 key blocks per tile) it did not help
 # either: 487 TFLOP/s on `large` against v4's 495, and on the window 391-399 TFLOP/s against 396-401,
 # each pair alternating in one run on an H100 (`benchmarks/results/2026-11-27_h100_step07_v5_stages3.txt`,
-# a text record: the table above is the committed full run, which predates the rung).
+# a text record; in the table above, a later run on an H200, v5's ratio to cuDNN is again at or under v4's).
 #
 # Why does `v3_overlap` buy nothing? Its PTX is right: the softmax of $S_j$ sits between
 # `wgmma.wait_group 1` ($S_j$ ready) and `wgmma.wait_group 0` ($PV_{j+1}$ done). But ptxas, which

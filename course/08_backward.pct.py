@@ -883,6 +883,13 @@ if gpu_or_skip("timing SDPA's backward"):
 # another H100 the two ran within 2 % of each other (`2026-11-28_h100_step08_v4_probes.txt`, probes 6
 # and 7): what the order saves depends on the card.
 #
+# Would they idle less if they never met? In a probe each warpgroup added its own keys' share of
+# $dQ_i$ through its own hand-over buffer, with no barrier between the two (twice the reduce-adds),
+# and a variant started one warpgroup half a step late: on an H200 both ran at 0.97-0.99x the
+# committed build's speed, and adding the two shares in shared memory first (one reduce-add again) at
+# 0.88-0.89x (`2026-11-28_h200_step08_v4_desync.txt`). The shared barrier is not what holds the
+# tensor pipe at 55 %; the probe build was not kept.
+#
 # The cell below reads the newest committed ladder run: each rung's backward at the 4k-16k points
 # (fp16, TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs. v4 is the
 # step's solution: it reaches 0.98x cuDNN's backward on large, not yet 1.0x, and less at 4k-16k.

@@ -69,10 +69,10 @@ BUGS = {
     "qk_no_panel": ("gemm_qk", [("q_addr + (kk / 4) * BLOCK_M * 128 + off", "q_addr + kk * 32"),
                                 ("k_addr + (kk / 4) * BLOCK_N * 128 + off", "k_addr + kk * 32")],
                     ["gemm_qk", "k-step 4", "panel kk / 4"]),
-    "qk_accumulate_first": ("gemm_qk", [("wgmma_ss_n128<T>(s, da, db, kk > 0);", "wgmma_ss_n128<T>(s, da, db, 1);")],
+    "qk_accumulate_first": ("gemm_qk", [("wgmma_ss<T, BLOCK_N, 0, 0>(s, da, db, kk > 0);", "wgmma_ss<T, BLOCK_N, 0, 0>(s, da, db, 1);")],
                             ["gemm_qk", "first k-step accumulates", "accumulate = 0"]),
-    "qk_no_commit": ("gemm_qk", [("    wgmma_ss_n128<T>(s, da, db, kk > 0);\n  }\n  wgmma_commit();\n",
-                                  "    wgmma_ss_n128<T>(s, da, db, kk > 0);\n  }\n")],
+    "qk_no_commit": ("gemm_qk", [("(s, da, db, kk > 0);  // wgmma_ss_n128 at BLOCK_N = 128\n  }\n  wgmma_commit();\n",
+                                  "(s, da, db, kk > 0);  // wgmma_ss_n128 at BLOCK_N = 128\n  }\n")],
                      ["gemm_qk", "wgmma_commit"]),
     # ---- gemm_pv
     "pv_no_kstep": ("gemm_pv", [("smem_desc(v_addr + kk * 16 * 128, BLOCK_N * 128, 1024)",
@@ -82,7 +82,7 @@ BUGS = {
                                        "smem_desc(v_addr + kk * 16 * 128, 16, 1024)")],
                           ["gemm_pv", "leading offset", "panels"]),
     # ---- consumer_mainloop
-    "no_rescale_o": ("consumer_mainloop", [("    rescale_o<D>(acc.o, alpha);\n", "")],
+    "no_rescale_o": ("consumer_mainloop", [("    if constexpr (!kRescaleInTurn) rescale_o<D>(acc.o, alpha);\n", "")],
                      ["consumer_mainloop", "O is not rescaled", "rescale_o"]),
     "convert_p_in_flight": ("consumer_mainloop", [
         ("    online_softmax_update(s, acc.m, acc.l, alpha, scale_log2);\n    wgmma_wait<0>();",

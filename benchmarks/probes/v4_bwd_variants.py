@@ -10,10 +10,7 @@ deterministic mode's bits over three runs, and v4, its deterministic mode and v3
     CLOCKS=1 ...                         # nvidia-smi samples the SM clock and the power every 50 ms: each timing's means
 """
 import os
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 sys.path[:0] = ["src", ".", "solutions/08_backward/ladder"]
@@ -25,6 +22,7 @@ from facourse.backward import check_gradients  # noqa: E402
 from facourse.bench import bench_attention  # noqa: E402
 from facourse.configs import CONFIGS, EDGE_CASES, SWEEP_4K_16K, get_config, make_inputs  # noqa: E402
 from facourse.cuda_build import load_hopper_rung  # noqa: E402
+from probe_common import summary, timed_rounds  # noqa: E402
 
 LINES: list[str] = []
 CFGS = os.environ.get("CFGS", ",".join(["large", *SWEEP_4K_16K])).split(",")
@@ -39,42 +37,13 @@ def use(ext, sched) -> None:
     v4.SCHEDULE = sched or DEFAULT_SCHEDULE
 
 
-def clock_samples():
-    """(stop, read): nvidia-smi sampling the SM clock and the power every 50 ms; read(t0, t1): their means over
-    [t0, t1] (a timing's window: the reference's calls, interleaved with the variant's, are in it too)."""
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
-    rows: list = []
-
-    def pump():  # a thread: the timings go on while it reads
-        for line in smi.stdout:
-            try:
-                mhz, watts = (float(x) for x in line.split(","))
-            except ValueError:  # "[N/A]" where a card does not report one: skip the sample, keep sampling
-                continue
-            rows.append((time.time(), mhz, watts))
-    threading.Thread(target=pump, daemon=True).start()
-
-    def read(t0: float, t1: float):
-        got = [r for r in rows if t0 <= r[0] <= t1]
-        return (sum(r[1] for r in got) / len(got), sum(r[2] for r in got) / len(got)) if got else (0.0, 0.0)
-    return smi.terminate, read
-
-
 def bench(fns: dict, rounds: int) -> None:
-    stop, read = clock_samples() if os.environ.get("CLOCKS") else (None, None)
-    for r in range(rounds):
-        for cfg in CFGS:
-            for name, (fn, ext, *sched) in fns.items():
-                use(ext, sched[0] if sched else None)
-                t0 = time.time()
-                res = bench_attention(fn, cfg, backend="CUDNN_ATTENTION", mode="backward")
-                clk = " SM %.0f MHz %.0f W" % read(t0, time.time()) if read else ""
-                LINES.append(f"BENCH r{r} {name} {cfg} {res.tflops_student:.1f} vs {res.ratio:.3f}")
-                print(f"BENCH r{r} {name:8} {cfg:14} {res.tflops_student:6.0f} TFLOP/s vs cuDNN {res.tflops_ref:6.0f}: "
-                      f"x{res.ratio:.3f}{clk}", flush=True)
-    if stop:
-        stop()
+    def run(fn, ext, sched=None):
+        def go(cfg):
+            use(ext, sched)
+            return bench_attention(fn, cfg, backend="CUDNN_ATTENTION", mode="backward")
+        return go
+    timed_rounds({name: run(*spec) for name, spec in fns.items()}, CFGS, rounds, LINES)
 
 
 def full() -> None:
@@ -125,16 +94,6 @@ def variants(flags: list[str]) -> None:
             except Exception as e:  # noqa: BLE001 (report every failure, keep going)
                 print(f"CHECK FAIL {name} {case}: {str(e)[:300]}", flush=True)
     bench(fns, int(os.environ.get("ROUNDS", "2")))
-
-
-def summary(lines: list[str]) -> None:
-    """The BENCH lines as one row per configuration and variant: TFLOP/s and the ratio to cuDNN, round by round."""
-    rows: dict = {}
-    for line in lines:
-        _, _, name, cfg, tflops, *_, ratio = line.split()
-        rows.setdefault((cfg, name), []).append(f"{float(tflops):4.0f} TFLOP/s x{ratio}")
-    for (cfg, name), cells in sorted(rows.items()):
-        print(f"{cfg:14} {name:30} " + "  ".join(cells))
 
 
 if __name__ == "__main__":

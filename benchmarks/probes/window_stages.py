@@ -1,5 +1,6 @@
-"""A/B on the GPU: step 10's v6 window kernel with a K/V ring 2 (as built) and 3 deep, checked, then timed
-in the same process, alternating, with the course's bench, do_bench and plain events (facourse.bench)."""
+"""A/B on the GPU: step 10's v6 window kernel as built against its builds with -D flags (the arguments, several
+joined by ":"; default HFA_STAGES=3, a K/V ring 3 deep), checked, then timed in the same process, alternating,
+with the course's bench, do_bench and plain events (facourse.bench)."""
 import json, os, sys, statistics
 sys.path[:0] = ["src", ".", "solutions/10_attention_variants/ladder"]
 import torch
@@ -10,9 +11,11 @@ from facourse.variants import bench_variant, check_variant
 import v6_hopper_window as v6
 
 s07 = step_dir("07")
-exts = {"stages2": v6.extension(),
-        "stages3": load_hopper_rung("fa10_v6_stages3", [v6.KERNEL, s07 / "fa_binding.cpp"],
-                                    extra_cuda_cflags=["-DHFA_STAGES=3"])}
+exts = {"as built": v6.extension()}
+for flags in sys.argv[1:] or ["HFA_STAGES=3"]:
+    exts[flags] = load_hopper_rung("fa10_v6_" + flags.replace("=", "_").replace(":", "_").lower(),
+                                   [v6.KERNEL, s07 / "fa_binding.cpp"],
+                                   extra_cuda_cflags=["-D" + f for f in flags.split(":")])
 out = {"gpu": torch.cuda.get_device_name(), "checks": {}, "rows": []}
 for name, ext in exts.items():
     v6._extension = ext
@@ -29,6 +32,6 @@ for rnd in range(3):
             x = {m: t["r"] / t["s"] for m, t in bench.last_cross.items()}
             out["rows"].append({"round": rnd, "kernel": name, "case": case, "tflops": r.tflops_student,
                                 "ratio": r.ratio, **x})
-            print(f"{rnd} {name} {case:>15} {r.tflops_student:5.0f} TFLOP/s  bench {r.ratio:.3f}  "
+            print(f"{rnd} {name:>24} {case:>15} {r.tflops_student:5.0f} TFLOP/s  bench {r.ratio:.3f}  "
                   f"do_bench {x['do_bench']:.3f}  events {x['events']:.3f}", flush=True)
 json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "probe_window.json"), "w"), indent=1)

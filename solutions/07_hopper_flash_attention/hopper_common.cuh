@@ -15,9 +15,12 @@
 //   HFA_OVERLAP     within a warpgroup, the softmax of S_j runs while O += P_{j+1} V_{j+1} is in flight
 //   HFA_PERSISTENT  one CTA per SM; its producer takes the next tile from a global counter and
 //                   hands it to the consumers, so loads for the next tile start during this one
-// and two tuning knobs: HFA_STAGES (default 2), the depth of the K/V ring (v5_stages3), and HFA_WINDOW
-// (default 0, no rung of this step), the sliding window of FaParams::window (first_kv_block,
-// window_cuts, apply_mask), for step 10's v6_hopper_window.
+// and tuning knobs: HFA_STAGES (default 2), the depth of the K/V ring (v5_stages3); HFA_BLOCK_N (default
+// 128; 160, 176 or 192, wgmma_ss's widths), the keys per block (v6_block_n176); HFA_CONSUMER_REGS (default
+// 232), the consumers' setmaxnreg; HFA_RESCALE_IN_TURN (default 0; v7_rescale_in_turn): O is rescaled after
+// S_j is issued, under it, not after the wait for P V; and HFA_WINDOW (default 0, no rung of this step),
+// the sliding window of FaParams::window (first_kv_block, window_cuts, apply_mask), for step 10's
+// v6_hopper_window.
 #pragma once
 #include "fa_params.h"
 #include "hopper_primitives.cuh"
@@ -40,6 +43,15 @@
 #ifndef HFA_STAGES
 #define HFA_STAGES 2
 #endif
+#ifndef HFA_BLOCK_N
+#define HFA_BLOCK_N 128
+#endif
+#ifndef HFA_CONSUMER_REGS
+#define HFA_CONSUMER_REGS 232
+#endif
+#ifndef HFA_RESCALE_IN_TURN
+#define HFA_RESCALE_IN_TURN 0
+#endif
 #ifndef HFA_WINDOW
 #define HFA_WINDOW 0
 #endif
@@ -49,14 +61,17 @@ using namespace hp;
 
 constexpr int kConsumers = 2;                      // consumer warpgroups, 64 query rows each
 constexpr int BLOCK_M = 64 * kConsumers;           // 128 query rows per tile
-constexpr int BLOCK_N = 128;                       // keys per K_j, V_j block
+constexpr int BLOCK_N = HFA_BLOCK_N;               // keys per K_j, V_j block
 constexpr int STAGES = HFA_STAGES;                 // depth of the K/V ring (3 at D 128: 224 KB of 227)
 constexpr int NTHREADS = 128 * (1 + kConsumers);   // warpgroup 0 produces, the others consume
 constexpr int PANEL = 64;                          // 16-bit columns per 128-byte swizzled panel
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // setmaxnreg: 128*40 + 256*232 <= 64K
+// setmaxnreg moves registers within the CTA's launch allocation (168 a thread at 384 threads; past it: a fault)
+constexpr int kConsumerRegs = HFA_CONSUMER_REGS, kProducerRegs = (168 * NTHREADS - 256 * kConsumerRegs) / 128 / 8 * 8;
+static_assert(kProducerRegs >= 24 && 128 * kProducerRegs + 256 * kConsumerRegs <= 168 * NTHREADS, "setmaxnreg split");
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 constexpr int kBarWarpgroup0 = 1;                  // named barriers 1, 2: whose turn to issue GEMMs
 constexpr bool kOverlap = HFA_OVERLAP;
+constexpr bool kRescaleInTurn = HFA_RESCALE_IN_TURN;  // rescale O between issuing S and P V (FA3's order)
 
 // Shared memory: Q_i [BLOCK_M x D], K and V rings [STAGES][BLOCK_N x D], then the mbarriers. A tile
 // of D columns is D/64 panels of [rows x 64], each 128-byte swizzled (TMA's SWIZZLE_128B).

@@ -80,7 +80,7 @@ HP_DEVICE void gemm_qk(float (&s)[BLOCK_N / 2], uint32_t q_addr, uint32_t k_addr
     const uint32_t off = (kk % 4) * 32;
     const uint64_t da = smem_desc(q_addr + (kk / 4) * BLOCK_M * 128 + off, 16, 1024);
     const uint64_t db = smem_desc(k_addr + (kk / 4) * BLOCK_N * 128 + off, 16, 1024);
-    wgmma_ss_n128<T>(s, da, db, kk > 0);
+    wgmma_ss<T, BLOCK_N, 0, 0>(s, da, db, kk > 0);  // wgmma_ss_n128 at BLOCK_N = 128
   }
   wgmma_commit();
   // END SOLUTION
@@ -151,6 +151,10 @@ HP_DEVICE void consumer_mainloop(Accum<D>& acc, unsigned char* smem, Barriers& b
     mbar_wait(&bars.k_full[sk], phase(it + 1));
     gemm_turn_begin(wg);
     gemm_qk<T, D>(s, q_addr, k_addr + sk * L::kKVBytes);                   // S = Q_i K_j^T
+    if constexpr (kRescaleInTurn) {  // while S runs (no product holds O); the pin keeps ptxas from hoisting it
+      pin_registers(acc.o);
+      rescale_o<D>(acc.o, alpha);
+    }
     mbar_wait(&bars.v_full[sv], phase(it));
     gemm_pv<T, D>(acc.o, p_frag, v_addr + sv * L::kKVBytes);               // O += P V_{j+1}
     gemm_turn_end(wg);
@@ -164,13 +168,14 @@ HP_DEVICE void consumer_mainloop(Accum<D>& acc, unsigned char* smem, Barriers& b
     pin_registers(acc.o);   // O and the P it read stay put until the product is done
     pin_registers(p_frag);
     release(&bars.v_empty[sv], lane);
-    rescale_o<D>(acc.o, alpha);
+    if constexpr (!kRescaleInTurn) rescale_o<D>(acc.o, alpha);
     convert_p<T>(s, p_frag);  // only now: the registers of P_{j+1} were an operand in flight
   }
   release(&bars.q_empty, lane);  // every S of this tile is done: the producer may load the next Q
 
   // O += P V for the leftmost key block
   mbar_wait(&bars.v_full[slot(it)], phase(it));
+  if constexpr (kRescaleInTurn) rescale_o<D>(acc.o, alpha);
   gemm_turn_begin(wg);
   gemm_pv<T, D>(acc.o, p_frag, v_addr + slot(it) * L::kKVBytes);
   gemm_turn_end(wg);
