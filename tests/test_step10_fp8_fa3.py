@@ -184,6 +184,37 @@ SCRIPT = """
         return {"rel_diff": err}
     attempt(exp2_on_fma, kind="entry", case="exp2_fma")
 
+    def lazy_rescale():
+        # LAZY_RESCALE: on the quantised values held in fp16 (no e4m3 rounding of P) the same O and lse as
+        # without it, with a block of V twenty times larger (its descale the head's largest), ragged
+        # lengths and rows that see no key
+        g = torch.Generator().manual_seed(6)
+        BLOCK_M, BLOCK_N = v7.tiles()[:2]
+        worst = 0.0
+        for causal, (Sq, Skv) in ((True, (200, 140)), (False, (130, 257))):
+            q = torch.randn(1, 2, Sq, 64, generator=g).half()
+            k, v = (torch.randn(1, 2, Skv, 64, generator=g).half() for _ in range(2))
+            v[:, :, 70:90] *= 20
+            q8, dq = v7.quantize_rows(q, BLOCK_M, True)
+            k8, dk = v7.quantize_rows(k, BLOCK_N, True)
+            v8t, dv = v7.quantize_v_transposed(v, BLOCK_N)
+            outs = {}
+            try:
+                for lazy in (False, True):
+                    v7.LAZY_RESCALE = lazy
+                    outs[lazy] = v7.run_kernel(q8.half(), k8.half(), v8t.half(), dq, dk, dv, causal, None,
+                                               torch.float16)
+            finally:
+                v7.LAZY_RESCALE = False
+            (o0, l0), (o1, l1) = outs[False], outs[True]
+            empty = torch.isneginf(l0)
+            assert torch.equal(torch.isneginf(l1), empty) and bool((o1[empty] == 0).all())
+            assert (l1 - l0)[~empty].abs().max() < 1e-4
+            worst = max(worst, float((o1.double() - o0.double()).abs().max() / o0.double().abs().max()))
+        assert worst < 2e-3, f"the lazy rescale moved O by {worst:.2e}"
+        return {"max_rel_diff": worst}
+    attempt(lazy_rescale, kind="entry", case="lazy_rescale")
+
     # ------------------------------------------------------------------ the error on FA3's inputs
     for outliers in (True, False):
         def rmse():
@@ -228,6 +259,10 @@ def test_entry_points_refuse_a_cpu(results):
 
 def test_software_exp2_gives_the_same_attention(results):
     one_result(results, kind="entry", case="exp2_fma")
+
+
+def test_lazy_rescale_gives_the_same_attention(results):
+    one_result(results, kind="entry", case="lazy_rescale")
 
 
 def test_rotation_cuts_the_error_on_outlier_inputs(results):

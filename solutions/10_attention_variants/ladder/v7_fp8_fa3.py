@@ -78,6 +78,13 @@ FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num
 # (462 against 841 TFLOP/s at 16k non-causal on an H100, benchmarks/results/2026-11-27_h100_step10_fp8_exp2_fma.txt):
 # here the FMA and integer pipes, not MUFU, are the softmax's limit. Off.
 EXP2_FMA = False
+# LAZY_RESCALE (FlashAttention-4's conditional rescaling, in e4m3's range): acc is kept in units of the head's
+# largest V descale (dv_max), each P V_j's dv[j] / dv_max folded into P's exp2 as a per-row offset, so no
+# per-tile factor touches acc; a row's max moves only when it grows by more than LAZY_TAU (P then reaches
+# 2^(P_LOG2 + LAZY_TAU) <= 448), and acc is rescaled only in a tile where some row's max moved. Off until
+# measured on a GPU (the accuracy on a CPU: benchmarks/results/2026-11-28_cpu_step10_fp8_lazy.txt).
+LAZY_RESCALE = False
+LAZY_TAU = tl.constexpr(0.75)
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
 P_LOG2 = tl.constexpr(8.0)
@@ -206,9 +213,9 @@ def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D:
 @triton.jit
 def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
-    head)'s first descale). acc is in units of dv_prev, the last tile's dv."""
+    head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         j = start_n // BLOCK_N
         k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
@@ -217,24 +224,38 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
         dv = tl.load(DV + kv_row + j)
         s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
         s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
-        x = s * qk_scale - (m_use - P_LOG2)[:, None]
+        if LAZY:   # keep a row's max unless it grew by more than LAZY_TAU; P V_j's dv / dv_max rides the exp2
+            m_new = tl.where(m_new > m_i + LAZY_TAU, m_new, m_i)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            x = s * qk_scale - (m_use - P_LOG2 - tl.math.log2(dv / dv_prev))[:, None]
+        else:
+            x = s * qk_scale - (m_use - P_LOG2)[:, None]
         p = exp2_fma(x) if FMA_EXP2 else tl.math.exp2(x)               # P times 2^P_LOG2, in [0, 256]
         alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if LAZY:
+            l_i = l_i * alpha + tl.sum(p, 1) * (dv_prev / dv)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
         if vT.dtype == tl.float8e4nv:
             p = to_e4m3(p, EXACT)
         else:
             p = p.to(vT.dtype)                                      # the tests' quantised values held in fp16
-        acc = dot(p, vT.T, acc * (alpha * (dv_prev / dv))[:, None], EXACT)
+        if LAZY:
+            if tl.min(alpha, 0) < 1.0:                              # some row's max moved: rescale this tile only
+                acc = acc * alpha[:, None]
+            acc = dot(p, vT.T, acc, EXACT)
+        else:
+            acc = dot(p, vT.T, acc * (alpha * (dv_prev / dv))[:, None], EXACT)
+            dv_prev = dv
         m_i = m_new
-        dv_prev = dv
     return acc, m_i, l_i, dv_prev
 
 
 @triton.jit
 def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
-                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr):
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
+                  LAZY: tl.constexpr):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -249,15 +270,19 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     dv_prev = tl.load(DV + kv_row)                                  # the first tile's: its ratio is 1
+    if LAZY:                                                        # the head's largest: every ratio <= 1
+        for t in tl.range(0, NK, 128):
+            jj = t + tl.arange(0, 128)
+            dv_prev = tl.maximum(dv_prev, tl.max(tl.load(DV + kv_row + jj, mask=jj < NK, other=0.0), 0))
     off = Skv - Sq
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
-                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2)
+                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
-                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2)
+                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
 
     o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
-    o = o * dv_prev                                                 # acc was in units of the last dv
+    o = o * dv_prev                                                 # acc was in units of the last dv (LAZY: dv_max)
     O.store([b, h, start_m, 0], o.to(O.dtype).reshape(1, 1, BLOCK_M, D))
     tl.store(LSE + bh.to(tl.int64) * Sq + i, lse[:, None], mask=i < Sq)
 
@@ -334,7 +359,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, **launch)
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, **launch)
     return o, lse
 
 
