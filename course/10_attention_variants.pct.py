@@ -927,6 +927,21 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # about 1.2 PFLOP/s in FP8 on an H100 with a CUDA kernel of this shape; getting there takes a softmax
 # that overlaps the tensor cores better, and this course has not got there yet.
 #
+# One more multiply per score is the accumulator's rescale: every key tile multiplies the $64 \times 128$
+# accumulator by its row's $\alpha$ and by the ratio of two $V$ scales, as many multiplies as the tile has
+# scores. FlashAttention-4 skips the rescale while no row's maximum has grown by more than a threshold
+# $\tau$ (the unnormalised $\tilde P$ then reaches $2^\tau$ instead of 1). In e4m3 two things are in the
+# way: $\tilde P$ is cast times $2^8$, so $2^{8 + \tau}$ must stay under e4m3's largest number, and the
+# per-block $V$ scales change the accumulator's unit at every tile. The switch `LAZY_RESCALE` of
+# `v7_fp8_fa3` keeps the accumulator in units of the head's largest $V$ scale, folds each tile's ratio
+# into $\tilde P$'s exponent (a per-row offset, no multiply per score) and moves a row's maximum only when
+# it grows by more than $\tau = 0.75$. On a CPU it computes the same attention, but on FA3's outlier
+# inputs at 2048 keys its RMSE is 1.10-1.13x v7's: in the tiles whose $V$ scale is far below the
+# head's largest, $\tilde P$ loses that much of its lift and more of it falls into e4m3's subnormals
+# (the lazy maximum alone costs nothing). With one $V$ scale per head the lazy rescale is free, but the
+# coarser $V$ scale costs 1-2 % (`benchmarks/results/2026-11-28_cpu_step10_fp8_lazy.txt`). What it
+# saves in time is a GPU's question; the switch is off.
+#
 # ## 8. On a GPU: FlexAttention with a sliding window
 #
 # The cell times PyTorch's FlexAttention, compiled (`torch.compile(flex_attention)` generates a Triton
