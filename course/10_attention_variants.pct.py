@@ -939,8 +939,10 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # inputs at 2048 keys its RMSE is 1.10-1.13x v7's: in the tiles whose $V$ scale is far below the
 # head's largest, $\tilde P$ loses that much of its lift and more of it falls into e4m3's subnormals
 # (the lazy maximum alone costs nothing). With one $V$ scale per head the lazy rescale is free, but the
-# coarser $V$ scale costs 1-2 % (`benchmarks/results/2026-11-28_cpu_step10_fp8_lazy.txt`). What it
-# saves in time is a GPU's question; the switch is off.
+# coarser $V$ scale costs 1-2 % (`benchmarks/results/2026-11-28_cpu_step10_fp8_lazy.txt`). And it is
+# slower: on an H200 it ran at 0.71-0.72x v7's speed on inputs already in e4m3
+# (`benchmarks/results/2026-11-28_h200_step10_fp8_lazy.txt`). The branch around the rescale inside the
+# key loop is its one structural change, and Triton may no longer pipeline that loop; the switch is off.
 #
 # ## 8. On a GPU: FlexAttention with a sliding window
 #

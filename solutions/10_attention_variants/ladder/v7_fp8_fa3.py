@@ -81,8 +81,9 @@ EXP2_FMA = False
 # LAZY_RESCALE (FlashAttention-4's conditional rescaling, in e4m3's range): acc is kept in units of the head's
 # largest V descale (dv_max), each P V_j's dv[j] / dv_max folded into P's exp2 as a per-row offset, so no
 # per-tile factor touches acc; a row's max moves only when it grows by more than LAZY_TAU (P then reaches
-# 2^(P_LOG2 + LAZY_TAU) <= 448), and acc is rescaled only in a tile where some row's max moved. Off until
-# measured on a GPU (the accuracy on a CPU: benchmarks/results/2026-11-28_cpu_step10_fp8_lazy.txt).
+# 2^(P_LOG2 + LAZY_TAU) <= 448), and acc is rescaled only in a tile where some row's max moved. Off: its RMSE on
+# FA3's outlier inputs is 1.10-1.13x v7's (2026-11-28_cpu_step10_fp8_lazy.txt) and it runs at 0.71-0.72x v7's
+# speed on an H200 (606-626 against 851-870 TFLOP/s, 2026-11-28_h200_step10_fp8_lazy.txt).
 LAZY_RESCALE = False
 LAZY_TAU = tl.constexpr(0.75)
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
