@@ -94,6 +94,9 @@ class _ThreadStdout(io.TextIOBase):
 
 
 _CAPTURE = threading.Lock()          # guards installing and removing the proxy, not the verdicts
+# One proxy for the process, never freed: Python 3.11's print() holds a borrowed reference to sys.stdout
+# while it writes, so a proxy dropped by one thread while another printed through it was used after free
+# (a segfault, seen once torch.compile had run in the process; tests/test_judge.py)
 _proxy: _ThreadStdout | None = None
 _capturing = 0
 
@@ -106,7 +109,10 @@ def _capture_stdout(buf: io.StringIO):
     global _proxy, _capturing
     with _CAPTURE:
         if _capturing == 0:
-            _proxy = _ThreadStdout(sys.stdout)
+            if _proxy is None:
+                _proxy = _ThreadStdout(sys.stdout)
+            elif sys.stdout is not _proxy:
+                _proxy.fallback = sys.stdout
             sys.stdout = _proxy
         _capturing += 1
         proxy = _proxy
@@ -117,10 +123,8 @@ def _capture_stdout(buf: io.StringIO):
         proxy.local.buf = None
         with _CAPTURE:
             _capturing -= 1
-            if _capturing == 0:
-                if sys.stdout is proxy:
-                    sys.stdout = proxy.fallback
-                _proxy = None
+            if _capturing == 0 and sys.stdout is proxy:
+                sys.stdout = proxy.fallback
 
 
 @dataclass

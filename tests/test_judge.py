@@ -5,6 +5,7 @@ these tests pin each rule of the judge on its own, quickly.
 """
 from __future__ import annotations
 
+import io
 import socket
 import struct
 import time
@@ -315,6 +316,45 @@ def test_concurrent_verdicts_leave_stdout_alone():
         t.join()
     assert sys.stdout is before and os.environ.get(ENV) == env
     assert len(got) == 4 and all(set(v) == set(tests) and all(x.passed for x in v.values()) for v in got), got
+
+
+def test_concurrent_verdicts_survive_a_compiled_process():
+    """Python 3.11's print() writes through a borrowed reference to sys.stdout: the judge's capture proxy,
+    dropped by one thread while another printed through it, was used after free. Once torch.compile had
+    run in the process (dynamo's frame hook changes when threads switch) that crashed a test worker in
+    one run of three or so. The proxy now lives as long as the process: the same object every time, and
+    concurrent verdicts in a process that has compiled a function, in a subprocess so that a crash is a
+    failure with its trace."""
+    import subprocess
+    import sys
+
+    from autograder import judge
+
+    with judge._capture_stdout(io.StringIO()):
+        first = sys.stdout
+    with judge._capture_stdout(io.StringIO()):
+        assert sys.stdout is first and judge._proxy is first
+    assert sys.stdout is not first
+    code = """
+import faulthandler, sys, threading
+faulthandler.enable()
+sys.path[:0] = ["src", ".", "tests"]
+import torch
+torch.compile(lambda x: torch.sin(x) + 1, backend="eager")(torch.randn(8))
+from autograder.judge import run_inprocess
+from test_judge import _solution
+sol = _solution("02_safe_softmax", "safe_softmax")
+for _ in range(40):
+    got = []
+    ts = [threading.Thread(target=lambda: got.append(run_inprocess("02_safe_softmax", sol, ["test_small", "test_ragged"],
+                                                                   quiet=False))) for _ in range(4)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert len(got) == 4 and all(all(v.passed for v in g.values()) for g in got), got
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("ok"), (r.returncode, r.stderr[-3000:])
 
 
 def test_tamper_flags_zero_the_judged_tests_unless_an_instructor_trusts_them():
