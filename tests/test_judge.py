@@ -292,6 +292,26 @@ def test_perf_record_the_judge_cannot_check_earns_nothing(monkeypatch):
     assert v.points == 0 and "could not time the reference" in v.message
 
 
+def _side_by_side(rounds: int = 1) -> None:
+    """Four threads grading step 02's solution at once, ``rounds`` times: every thread reaches its own judge and
+    the solution gets its points in every one. (Step 02: its tests run no guard, whose hooks (class
+    attributes) are the kernel's, one thread there.)"""
+    import threading
+
+    sol = _solution("02_safe_softmax", "safe_softmax")
+    tests = ["test_small", "test_ragged"]
+    for _ in range(rounds):
+        got: list = []
+        threads = [threading.Thread(target=lambda: got.append(run_inprocess("02_safe_softmax", sol, tests,
+                                                                             quiet=False)))
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == 4 and all(set(v) == set(tests) and all(x.passed for x in v.values()) for v in got), got
+
+
 def test_concurrent_verdicts_leave_stdout_alone():
     """Workers grade submissions in parallel threads, each with its judge: the summary lines a
     verdict collects must not swallow the process's own output, nor leave it redirected; each thread
@@ -299,23 +319,12 @@ def test_concurrent_verdicts_leave_stdout_alone():
     racing getenv in another crashed a test worker) and the solution gets its points in every one."""
     import os
     import sys
-    import threading
 
     from autograder.judge_client import ENV
 
     before, env = sys.stdout, os.environ.get(ENV)
-    # step 02: its tests run no guard, whose hooks (class attributes) are the kernel's, one thread there
-    sol = _solution("02_safe_softmax", "safe_softmax")
-    got: list = []
-    tests = ["test_small", "test_ragged"]
-    threads = [threading.Thread(target=lambda: got.append(run_inprocess("02_safe_softmax", sol, tests, quiet=False)))
-               for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _side_by_side()
     assert sys.stdout is before and os.environ.get(ENV) == env
-    assert len(got) == 4 and all(set(v) == set(tests) and all(x.passed for x in v.values()) for v in got), got
 
 
 def test_concurrent_verdicts_survive_a_compiled_process():
@@ -336,21 +345,13 @@ def test_concurrent_verdicts_survive_a_compiled_process():
         assert sys.stdout is first and judge._proxy is first
     assert sys.stdout is not first
     code = """
-import faulthandler, sys, threading
+import faulthandler, sys
 faulthandler.enable()
 sys.path[:0] = ["src", ".", "tests"]
 import torch
 torch.compile(lambda x: torch.sin(x) + 1, backend="eager")(torch.randn(8))
-from autograder.judge import run_inprocess
-from test_judge import _solution
-sol = _solution("02_safe_softmax", "safe_softmax")
-for _ in range(40):
-    got = []
-    ts = [threading.Thread(target=lambda: got.append(run_inprocess("02_safe_softmax", sol, ["test_small", "test_ragged"],
-                                                                   quiet=False))) for _ in range(4)]
-    [t.start() for t in ts]
-    [t.join() for t in ts]
-    assert len(got) == 4 and all(all(v.passed for v in g.values()) for g in got), got
+from test_judge import _side_by_side
+_side_by_side(40)
 print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
