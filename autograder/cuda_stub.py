@@ -32,7 +32,7 @@ def make_stub(text: str, bodies: dict[str, list[str]]) -> str:
                 raise ValueError("END SOLUTION without BEGIN SOLUTION")
             if func not in bodies:
                 raise ValueError(f"no stub body for function {func!r}")
-            n = sum(1 for ln in region if ln.strip() and not ln.strip().startswith(("//", "#pragma")))
+            n = sum(1 for ln in _counted(region) if ln.strip() and not ln.strip().startswith(("//", "#pragma")))
             out.append(f"{indent}// YOUR CODE HERE (about {n} lines)\n")
             out += [f"{indent}{ln}\n" for ln in bodies[func]]
             region = None
@@ -44,6 +44,20 @@ def make_stub(text: str, bodies: dict[str, list[str]]) -> str:
     if region is not None:
         raise ValueError("BEGIN SOLUTION without END SOLUTION")
     return "".join(out)
+
+
+def _counted(region: list[str]) -> list[str]:
+    """The lines of a solution region a student writes: not the ladder's variants, fenced by `LADDER ONLY {`
+    and `} LADDER ONLY` comment lines (the rungs' switches; the exercise's solution builds without them)."""
+    out, fenced = [], False
+    for ln in region:
+        if "LADDER ONLY {" in ln:
+            fenced = True
+        elif "} LADDER ONLY" in ln:
+            fenced = False
+        elif not fenced:
+            out.append(ln)
+    return out
 
 
 def with_todo(bodies: dict[str, list[str]]) -> dict[str, list[str]]:

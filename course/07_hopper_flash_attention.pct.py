@@ -752,7 +752,22 @@ if R7:
 # for $PV$ and before the turn, is already hidden behind the other warpgroup's GEMMs. The rung stays
 # in the ladder because it did not pay.
 #
-# So does an older one: `v5_stages3` makes the K/V ring three
+# **Fewer FLOPs that cost time.** A tile's keys end at its last row's diagonal (or at $S_{kv}$), and
+# with 176-key blocks that end seldom falls on a block boundary: causal at 2k, the GEMMs compute 1.14
+# query-key pairs per visible pair, against 1.06 with 128-key blocks. `v8_trim_first` runs each
+# warpgroup's rightmost block only as wide as its rows need there (`trim_width`: $S$ at 128 columns,
+# $PV$ over 64 or 128 keys), 5 % less work on `large`. It ran slower: 0.92x cuDNN on `large` against
+# v6's 0.94x on an H100 in one run of the whole ladder (`benchmarks/results/2026-11-28_h100_step07.json`),
+# and 0.92-0.98x v6's speed alternating on an H200 (`benchmarks/results/2026-11-28_h200_step07_trim_first.txt`).
+# The SASS says why. WGMMA takes its operand descriptors from uniform registers, which v6's loop computes
+# on the uniform datapath (129 instructions a step). With a branch on the trimmed width, a value of the
+# warpgroup and so of `threadIdx`, ptxas computes them per thread instead and moves them over before the
+# HGMMAs: 100 `R2UR` a step against 16, 1301 instructions against 1065. Peeling the first step out of the
+# loop left 54. A saving in the first block costs every block after it, and the first way to write the
+# idea down is seldom the last: a 64-column $S$ made ptxas serialise every WGMMA of the kernel (its
+# warning C7511 at `-Xptxas -v`).
+#
+# An older rung did not pay either: `v5_stages3` makes the K/V ring three
 # blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer
 # runs one block further ahead. It changes nothing the consumers wait on in the long loops, and on
 # the short ones it was meant for (step 10's 1024-token window, 9 key blocks per tile) it did not help

@@ -373,6 +373,10 @@ def test_stub_is_generated_from_solution_and_in_sync():
     assert (STEP / "student_kernel.cu").read_text() == stub, "run solutions/06_cuda_flash_attention/ladder/make_stub.py"
     with pytest.raises(ValueError):
         make_stub("// BEGIN SOLUTION\nint x;\n", bodies)
+    # a ladder rung's variant inside a region is not counted among the lines a student writes
+    fenced = ("FA_DEVICE void f() {\n  // BEGIN SOLUTION\n  int a = 0;\n  // LADDER ONLY { a variant\n  int b = 1;\n"
+              "  int c = 2;\n  // } LADDER ONLY\n  a += 1;\n  // END SOLUTION\n}\n")
+    assert "about 2 lines" in make_stub(fenced, {"f": []})
 
 
 @needs_nvcc

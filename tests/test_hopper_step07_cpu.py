@@ -108,14 +108,15 @@ BUGS = {
     "mask_rightmost_only": ("consumer_mainloop", [
         ("    if (needs_mask(j * BLOCK_N)) apply_mask(s, j * BLOCK_N, row0, p, lane);\n", "")],
                             ["consumer_mainloop", "rightmost key block only"]),
-    "no_last_pv": ("consumer_mainloop", [("  gemm_pv<T, D>(acc.o, p_frag, v_addr + slot(it) * L::kKVBytes);\n", "")],
+    "no_last_pv": ("consumer_mainloop", [("  else gemm_pv<T, D>(acc.o, p_frag, v_addr + slot(it) * L::kKVBytes);\n",
+                                          "  else {}\n")],
                    ["consumer_mainloop", "last O += P V"]),
     "full_parity": ("consumer_mainloop", [("mbar_wait(&bars.k_full[sk], phase(it + 1));",
                                            "mbar_wait(&bars.k_full[sk], phase(it));")],
                     ["consumer_mainloop", "parity"]),
     "turns_unbalanced": ("consumer_mainloop", [
-        ("  gemm_qk<T, D>(s, q_addr, k_addr + slot(it) * L::kKVBytes);\n  gemm_turn_end(wg);\n",
-         "  gemm_qk<T, D>(s, q_addr, k_addr + slot(it) * L::kKVBytes);\n")],
+        ("    gemm_qk<T, D>(s, q_addr, k_addr + slot(it) * L::kKVBytes);\n    gemm_turn_end(wg);\n",
+         "    gemm_qk<T, D>(s, q_addr, k_addr + slot(it) * L::kKVBytes);\n")],
                          ["consumer_mainloop", "deadlock", "GEMM turn"]),
 }
 

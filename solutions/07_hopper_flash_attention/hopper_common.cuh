@@ -18,7 +18,9 @@
 // and tuning knobs: HFA_STAGES (default 2), the depth of the K/V ring (v5_stages3); HFA_BLOCK_N (default
 // 128; 160, 176 or 192, wgmma_ss's widths), the keys per block (v6_block_n176); HFA_CONSUMER_REGS (default
 // 232), the consumers' setmaxnreg; HFA_RESCALE_IN_TURN (default 0; v7_rescale_in_turn): O is rescaled after
-// S_j is issued, under it, not after the wait for P V; and HFA_WINDOW (default 0, no rung of this step),
+// S_j is issued, under it, not after the wait for P V; HFA_TRIM_FIRST (default 0; v8_trim_first): the rightmost
+// key block's S and P V GEMMs only as wide as the keys the warpgroup's rows see there (trim_width); and
+// HFA_WINDOW (default 0, no rung of this step),
 // the sliding window of FaParams::window (first_kv_block, window_cuts, apply_mask), for step 10's
 // v6_hopper_window.
 #pragma once
@@ -52,6 +54,9 @@
 #ifndef HFA_RESCALE_IN_TURN
 #define HFA_RESCALE_IN_TURN 0
 #endif
+#ifndef HFA_TRIM_FIRST
+#define HFA_TRIM_FIRST 0
+#endif
 #ifndef HFA_WINDOW
 #define HFA_WINDOW 0
 #endif
@@ -72,6 +77,7 @@ constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 constexpr int kBarWarpgroup0 = 1;                  // named barriers 1, 2: whose turn to issue GEMMs
 constexpr bool kOverlap = HFA_OVERLAP;
 constexpr bool kRescaleInTurn = HFA_RESCALE_IN_TURN;  // rescale O between issuing S and P V (FA3's order)
+constexpr bool kTrimFirst = HFA_TRIM_FIRST;        // the rightmost key block's GEMMs only trim_width columns wide
 
 // Shared memory: Q_i [BLOCK_M x D], K and V rings [STAGES][BLOCK_N x D], then the mbarriers. A tile
 // of D columns is D/64 panels of [rows x 64], each 128-byte swizzled (TMA's SWIZZLE_128B).
@@ -172,6 +178,16 @@ HP_DEVICE int first_kv_block(const FaParams& p, int m_block) {
 }
 HP_DEVICE bool window_cuts(const FaParams& p, int n0, int last_row) {
   return HFA_WINDOW && p.window > 0 && n0 <= last_row + p.Skv - p.Sq - p.window;
+}
+
+// HFA_TRIM_FIRST: of key block n0 (the rightmost of a tile), the columns that some row of the warpgroup whose
+// first row is m0_wg sees -- up to Skv and (causal) its last row's diagonal -- rounded up to a WGMMA width of
+// 64, 128 or BLOCK_N. The columns past it are masked for all 64 rows, so S and P V need not compute them.
+HP_DEVICE int trim_width(const FaParams& p, int n0, int m0_wg) {
+  int last_key = p.Skv - 1;
+  if (p.causal) last_key = min(last_key, min(m0_wg + 63, p.Sq - 1) + p.Skv - p.Sq);
+  const int need = last_key + 1 - n0;
+  return need <= 64 ? 64 : need <= 128 ? 128 : BLOCK_N;
 }
 
 

@@ -132,15 +132,53 @@ HP_DEVICE void consumer_mainloop(Accum<D>& acc, unsigned char* smem, Barriers& b
   float s[BLOCK_N / 2];
   uint32_t p_frag[BLOCK_N / 16][4];
   float alpha[2];
+  // LADDER ONLY { kTrimFirst (v8_trim_first): the rightmost block's GEMMs only as wide as the keys this warpgroup's
+  // rows see there (trim_width: 64, 128 or BLOCK_N): S at 128 columns when they cover them (the rest -inf), P V
+  // over the first 64 or 128 keys. Each width is a whole fence-to-wait sequence of its own: an S of 64 columns, or
+  // GEMMs of two widths under one wait, made ptxas serialise every WGMMA of the kernel (C7511, C7520).
+  const int w_first = kTrimFirst ? trim_width(p, (nb - 1) * BLOCK_N, m0_wg) : BLOCK_N;
+  const bool trim_s = kTrimFirst && BLOCK_N > 128 && w_first <= 128;
+  auto qk_first = [&](uint32_t k_slot) {  // S of the rightmost block, 128 columns, issued and waited for
+    float s_n[64];  // registers of its own: a product into the first 64 of s serialised the WGMMAs too
+    gemm_turn_begin(wg);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss_n128<T>(s_n, smem_desc(q_addr + (kk / 4) * BLOCK_M * 128 + (kk % 4) * 32, 16, 1024),
+                       smem_desc(k_slot + (kk / 4) * BLOCK_N * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+    gemm_turn_end(wg);
+    wgmma_wait<0>();
+    pin_registers(s_n);
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) s[i] = i < 64 ? s_n[i] : -INFINITY;
+  };
+  auto pv_first = [&](uint32_t v_slot) {  // O += P V of the rightmost block, its first 64 or 128 keys
+    auto pv = [&](auto keys) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < decltype(keys)::value / 16; ++kk)
+        wgmma_rs<T, D>(acc.o, p_frag[kk], smem_desc(v_slot + kk * 16 * 128, BLOCK_N * 128, 1024));
+      wgmma_commit();
+    };
+    if (w_first == 64) pv(std::integral_constant<int, 64>{});
+    else if (w_first == 128) pv(std::integral_constant<int, 128>{});
+    else gemm_pv<T, D>(acc.o, p_frag, v_slot);
+  };
+  // } LADDER ONLY
   mbar_wait(&bars.q_full, q_parity);  // Q_i has landed
 
   // S for the rightmost key block; its softmax starts the running statistics (O is still 0)
   mbar_wait(&bars.k_full[slot(it)], phase(it));
-  gemm_turn_begin(wg);
-  gemm_qk<T, D>(s, q_addr, k_addr + slot(it) * L::kKVBytes);
-  gemm_turn_end(wg);
-  wgmma_wait<0>();
-  pin_registers(s);
+  if (trim_s) {
+    qk_first(k_addr + slot(it) * L::kKVBytes);
+  } else {
+    gemm_turn_begin(wg);
+    gemm_qk<T, D>(s, q_addr, k_addr + slot(it) * L::kKVBytes);
+    gemm_turn_end(wg);
+    wgmma_wait<0>();
+    pin_registers(s);
+  }
   release(&bars.k_empty[slot(it)], lane);
   if (needs_mask((nb - 1) * BLOCK_N)) apply_mask(s, (nb - 1) * BLOCK_N, row0, p, lane);
   online_softmax_update(s, acc.m, acc.l, alpha, scale_log2);
@@ -156,7 +194,8 @@ HP_DEVICE void consumer_mainloop(Accum<D>& acc, unsigned char* smem, Barriers& b
       rescale_o<D>(acc.o, alpha);
     }
     mbar_wait(&bars.v_full[sv], phase(it));
-    gemm_pv<T, D>(acc.o, p_frag, v_addr + sv * L::kKVBytes);               // O += P V_{j+1}
+    if (kTrimFirst && j == nb - 2) pv_first(v_addr + sv * L::kKVBytes);
+    else gemm_pv<T, D>(acc.o, p_frag, v_addr + sv * L::kKVBytes);          // O += P V_{j+1}
     gemm_turn_end(wg);
     if constexpr (kOverlap) wgmma_wait<1>();  // S is ready; the P V product may still be running
     else wgmma_wait<0>();
@@ -177,7 +216,8 @@ HP_DEVICE void consumer_mainloop(Accum<D>& acc, unsigned char* smem, Barriers& b
   mbar_wait(&bars.v_full[slot(it)], phase(it));
   if constexpr (kRescaleInTurn) rescale_o<D>(acc.o, alpha);
   gemm_turn_begin(wg);
-  gemm_pv<T, D>(acc.o, p_frag, v_addr + slot(it) * L::kKVBytes);
+  if (kTrimFirst && nb == 1) pv_first(v_addr + slot(it) * L::kKVBytes);
+  else gemm_pv<T, D>(acc.o, p_frag, v_addr + slot(it) * L::kKVBytes);
   gemm_turn_end(wg);
   wgmma_wait<0>();
   pin_registers(acc.o);
