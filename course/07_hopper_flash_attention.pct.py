@@ -764,7 +764,7 @@ if R7:
 # warpgroup and so of `threadIdx`, ptxas computes them per thread instead and moves them over before the
 # HGMMAs: 100 `R2UR` a step against 16, 1301 instructions against 1065. Peeling the first step out of the
 # loop left 54. A saving in the first block costs every block after it, and the first way to write the
-# idea down is seldom the last: a 64-column $S$ made ptxas serialise every WGMMA of the kernel (its
+# idea down is seldom the last: a 64-column $S$ made ptxas serialise the kernel's WGMMAs (its
 # warning C7511 at `-Xptxas -v`).
 #
 # An older rung did not pay either: `v5_stages3` makes the K/V ring three

@@ -135,11 +135,11 @@ HP_DEVICE void consumer_mainloop(Accum<D>& acc, unsigned char* smem, Barriers& b
   // LADDER ONLY { kTrimFirst (v8_trim_first): the rightmost block's GEMMs only as wide as the keys this warpgroup's
   // rows see there (trim_width: 64, 128 or BLOCK_N): S at 128 columns when they cover them (the rest -inf), P V
   // over the first 64 or 128 keys. Each width is a whole fence-to-wait sequence of its own: an S of 64 columns, or
-  // GEMMs of two widths under one wait, made ptxas serialise every WGMMA of the kernel (C7511, C7520).
+  // P V k-steps skipped by a branch inside one wait, made ptxas serialise the kernel's WGMMAs (C7511, C7520).
   const int w_first = kTrimFirst ? trim_width(p, (nb - 1) * BLOCK_N, m0_wg) : BLOCK_N;
   const bool trim_s = kTrimFirst && BLOCK_N > 128 && w_first <= 128;
   auto qk_first = [&](uint32_t k_slot) {  // S of the rightmost block, 128 columns, issued and waited for
-    float s_n[64];  // registers of its own: a product into the first 64 of s serialised the WGMMAs too
+    float s_n[64];  // registers of its own: products into a prefix of s serialised the WGMMAs and spilled
     gemm_turn_begin(wg);
     wgmma_fence();
 #pragma unroll
