@@ -57,6 +57,18 @@ def latest(step: str) -> tuple[str, dict]:
     return found[-1]
 
 
+def newest_with_methods(step: str) -> tuple[str, dict] | None:
+    """The newest results file of ``step`` whose solution rows were timed by more than one method (the
+    runner's --methods), or None: a later run without them does not take them from the lectures."""
+    found = None
+    for f in sorted(RESULTS.glob(f"*_step{step}*.json")):
+        d = json.loads(f.read_text())
+        if "_before_" not in f.name and d.get("schema") == 1 and d.get("step") == step and any(
+                r.get("ratio_methods") and r["rung"] == d["solution"] for r in d["rows"]):
+            found = (f.name, d)
+    return found
+
+
 @functools.lru_cache(maxsize=None)
 def measured() -> dict:
     """course/results/measured.json: what the lectures show, from the committed results."""
@@ -71,6 +83,8 @@ def measured() -> dict:
         for r in load_step(step)["rungs"]:
             if r["name"] in out[step]["rungs"]:
                 out[step]["rungs"][r["name"]]["verdict"] = r["verdict"]
+    if (m := newest_with_methods("10")) and m[0] != out.get("10", {}).get("source", "").rsplit("/", 1)[-1]:
+        out["10_methods"] = R.compact(m[1], f"benchmarks/results/{m[0]}")
     probe = _load(PROBE)       # its sweep point under today's name (the probe ran before the rename)
     probe["rows"] = [{**r, "config": _new_name(r["config"])} for r in probe["rows"]]
     out["timing_probe"] = {**probe, "source": f"benchmarks/results/{PROBE}"}

@@ -72,7 +72,7 @@ from facourse.hw import HardwareUnavailable, require_sm90a
 
 HOPPER = ROOT / "solutions" / "07_hopper_flash_attention"  # not in the student bundle
 LADDER = HOPPER / "ladder"
-RUNGS = sorted(LADDER.glob("v[0-9]*_*.cu"))
+RUNGS = sorted(LADDER.glob("v[0-9]*_*.cu"), key=lambda p: int(re.match(r"v(\d+)", p.stem)[1]))   # v1 ... v11
 R7 = results.load("07")   # the newest committed ladder run (course/results/measured.json), or None
 print("ladder rungs here:", [p.stem for p in RUNGS] or "none (the solutions/ folder is not in this bundle)")
 
@@ -543,16 +543,26 @@ def dynamic_makespan(work, sms=132):   # also what the hardware does for a non-p
     return max(free)
 
 
+def lpt_sections(work, mb, section):   # v11's order: in each section of heads, every head's longest block first
+    heads, out = len(work) // mb, []
+    for s0 in range(0, heads, section):
+        width = min(section, heads - s0)
+        out += [work[(s0 + h) * mb + r] for r in range(mb) for h in range(width)]
+    return out
+
+
 from facourse.configs import CONFIGS, SWEEP   # the benchmarks' shapes, one definition
 
 SHAPES = {"large": CONFIGS["large"], **{n: SWEEP[n] for n in ("causal_4k", "causal_8k", "causal_16k", "noncausal_16k")}}
 MODEL = {}
-print(f"{'config':14s} {'tiles':>6s} {'static / ideal':>15s} {'dynamic / ideal':>16s}")
+print(f"{'config':14s} {'tiles':>6s} {'static / ideal':>15s} {'dynamic / ideal':>16s} {'dynamic, sections':>18s}")
 for name, cfg in SHAPES.items():
     w = tile_costs(cfg.B, cfg.Hq, cfg.Sq, cfg.causal)
     ideal = sum(w) / 132
-    MODEL[name] = (static_makespan(w) / ideal, dynamic_makespan(w) / ideal)
-    print(f"{name:14s} {len(w):6d} {MODEL[name][0]:15.3f} {MODEL[name][1]:16.3f}")
+    heads_per_section = min(max(1, (16 << 20) // (4 * cfg.Skv * cfg.D)) * (cfg.Hq // cfg.Hkv), cfg.B * cfg.Hq)  # 16 MB of K, V
+    MODEL[name] = (static_makespan(w) / ideal, dynamic_makespan(w) / ideal,
+                   dynamic_makespan(lpt_sections(w, cfg.Sq // 128, heads_per_section)) / ideal)
+    print(f"{name:14s} {len(w):6d} {MODEL[name][0]:15.3f} {MODEL[name][1]:16.3f} {MODEL[name][2]:18.3f}")
 
 # %% [markdown]
 # The static stride is only as balanced as the numbering lets it be. With 16 row blocks per head
@@ -563,6 +573,12 @@ for name, cfg in SHAPES.items():
 # within a few percent. In `v4_persistent` the producer takes the next tile number from a global
 # counter (`atomicAdd`) and hands it to its consumers through a two-slot ring in shared memory
 # (`TileScheduler` in `hopper_common.cuh`); section 9 puts the measurements next to this table.
+#
+# "Within a few percent" is still a few percent. Numbered head after head, the last tiles handed out
+# include a head's longest, and the other SMs idle while it finishes. The last column numbers the
+# tiles as `v11_lpt_sections` does (longest first, greedy: LPT scheduling): every head's longest row
+# block first, then every head's next, within sections of heads whose K and V fit in 16 MB of L2 so
+# that the tiles in flight still share them. The kernel then ends on the shortest tiles.
 #
 # ## 8. Reading the SASS
 #
@@ -625,9 +641,11 @@ else:
         prof = dict(zip([p.stem for p in RUNGS], pool.map(lambda p: sass_profile(p, nvcc, cuobjdump), RUNGS)))
     rows = [k for k in [*OPS, "regs at launch", "spilled bytes", "highest register"]
             if any(k in v for v in prof.values())]
-    print(f"{'fp16, D=128 kernel':20s}" + "".join(f"{v:>16s}" for v in prof))
-    for k in rows:
-        print(f"{k:20s}" + "".join(f"{str(prof[v].get(k, '-')):>16s}" for v in prof))
+    heads = {k: k.replace(" (mbarrier)", "").replace("highest register", "top reg").replace("regs at launch", "regs")
+             .replace("spilled bytes", "spilled") for k in rows}   # one rung a line (SYNCS: the mbarrier ops)
+    print(f"{'fp16, D=128 kernel':20s}" + "".join(f"{h:>12s}" for h in heads.values()))
+    for v in prof:
+        print(f"{v:20s}" + "".join(f"{str(prof[v].get(k, '-')):>12s}" for k in rows))
     for v, p in prof.items():
         if "error" in p:
             print(f"{v}: nvcc failed: {p['error']}")
@@ -648,8 +666,12 @@ else:
 # | `v3_overlap` | softmax of block $j$ while $PV$ of the previous block runs (`wait_group 1`) | §3.2 |
 # | `v4_persistent` | one CTA per SM; its producer takes tiles (longest first) from a global counter | §3.1 (and FA3's code) |
 # | `v5_stages3` | a K/V ring three blocks deep instead of two | (did not pay) |
-# | `v6_block_n176` | key blocks of 176 instead of 128: the ladder's solution | FA3's code (its tile for $D = 128$) |
+# | `v6_block_n176` | key blocks of 176 instead of 128 | FA3's code (its tile for $D = 128$) |
 # | `v7_rescale_in_turn` | $O$ rescaled under the $QK^\top$ GEMM, inside the turn | FA3's code (did not pay) |
+# | `v8_trim_first` | each warpgroup's rightmost key block only as wide as its rows need | (did not pay) |
+# | `v9_prefetch_q` | the next tile's $Q$ fetched into L2 early, its first $K$ before its $Q$ | (did not pay) |
+# | `v10_wide_stores` | the epilogue's stores of $O$ 16 bytes a lane (a transpose within each quad first) | FA3's code stages $O$ for a TMA store |
+# | `v11_lpt_sections` | causal tiles longest first within sections of heads: the ladder's solution | FA3's code (its LPT scheduler) |
 #
 # FA3's own ablation (§4.2, Table 2; non-causal, head dimension 128, about 8k tokens) measured
 # 661 TFLOP/s for the full kernel, 582 without the softmax/GEMM pipelining and 570 without warp
@@ -664,7 +686,7 @@ if not R7:
     print("No step-07 measurement is committed (course/results/measured.json): nothing to show.")
 else:
     print(f"{R7['source']}: {results.header(R7)}")
-    rungs = list(R7["rungs"])
+    rungs = sorted(R7["rungs"], key=lambda n: int(re.match(r"v(\d+)", n)[1]))   # ladder order (the run lists its solution first)
     configs = list(dict.fromkeys(r["config"] for r in results.bench(R7, rungs[-1], dtype="float16")))
     configs = [c for c in configs if all(results.bench(R7, n, c, "float16") for n in rungs)]
 
@@ -702,8 +724,8 @@ if R7:
     plt.show()
 
 # %% [markdown]
-# Each rung against the one before it, and the last against the two references, as ratios of
-# times (> 1: faster). The last table is about tile scheduling: v4 against v3 (whose CTAs the
+# Each rung against the rung it builds on (v5 and v6 on v4; v7-v10 on v6; v11 on v10; the first four
+# each on the one before), and the solution against the two references, as ratios of times (> 1: faster). The last table is about tile scheduling: v4 against v3 (whose CTAs the
 # hardware hands out as they finish, like a dynamic counter), next to section 7's model of a static
 # stride against a dynamic counter. A static-stride v4 was measured once too, slower than the
 # dynamic counter on `large` and far slower at causal 16k, the loss the model predicts (that run's
@@ -711,7 +733,11 @@ if R7:
 
 # %%
 if R7:
+    BASE = {"v5_stages3": "v4_persistent", "v6_block_n176": "v4_persistent", "v7_rescale_in_turn": "v6_block_n176",
+            "v8_trim_first": "v6_block_n176", "v9_prefetch_q": "v6_block_n176", "v10_wide_stores": "v6_block_n176",
+            "v11_lpt_sections": "v10_wide_stores"}   # each rung's file says what it adds to which
     for prev, cur in zip(rungs, rungs[1:]):
+        prev = BASE.get(cur, prev)
         r = {c: med(cur, c) / med(prev, c) for c in configs}
         print(f"{cur:14s} / {prev:14s}: {min(r.values()):.2f}x - {max(r.values()):.2f}x over {len(r)} configs "
               f"({', '.join(f'{c} {x:.2f}x' for c, x in r.items())})")
@@ -739,8 +765,8 @@ if R7:
 # registers instead of 32, still no spill at 232, and the ring takes 2 x 2 x 44 KB + 32 KB of Q = 208 KB.
 # Alternating with v4 in one process on an H200 it took 0.91-0.99x v4's time at every point, and 160
 # or 192 keys ran within 1 % of 176 (`benchmarks/results/2026-11-28_h200_step07_block_n.txt`). The
-# exercise keeps 128 (its harness, its CPU emulator and their messages count in 128-key blocks), so
-# the ladder's solution is v6, one define away from yours. Step 10's window kernel keeps 128 too: a
+# exercise keeps 128 (its harness, its CPU emulator and their messages count in 128-key blocks); the
+# ladder's solution, v11, is three defines away from yours. Step 10's window kernel keeps 128 too: a
 # 1024-key window is 9 blocks of 128 per tile, and at 176 it lost 3 % (same file, section 3).
 #
 # **FA3's rescale position.** FA3's mainloop rescales $O$ after issuing $QK^\top$ and before issuing
@@ -766,6 +792,29 @@ if R7:
 # loop left 54. A saving in the first block costs every block after it, and the first way to write the
 # idea down is seldom the last: a 64-column $S$ made ptxas serialise the kernel's WGMMAs (its
 # warning C7511 at `-Xptxas -v`).
+#
+# **Between tiles.** On `large` a tile averages 6.6 key blocks of 176, so what happens once per tile
+# counts. Nsight Compute's source counters sample where each warp stalls, instruction by instruction;
+# summed over regions of v6's SASS, the consumer warps spent 15.4 % of their samples in the epilogue
+# and the start of the next tile, most of them waiting on a full store queue, and the SMs were active
+# 95.8 % of the kernel's cycles (`benchmarks/results/2026-11-28_h200_step07_tile_boundary.txt`,
+# section 1). Three rungs followed. `v9_prefetch_q` suspected the next $Q$, read from HBM once per tile
+# into a slot that frees only after the tile's last $S$: it fetches $Q$ into L2 as soon as the producer
+# has the tile's number and loads the first $K$ before $Q$. Nothing moved (same file, section 2), and
+# the profile agrees: 2.4 % of the samples wait for the next tile's number, $Q$ and $K$ together.
+# `v10_wide_stores` is about the stores. In the accumulator layout a lane holds 2 adjacent columns of
+# every 8, so v6 stores $O$ 4 bytes at a time: 32 stores a thread, and each warp's store touches 8 rows.
+# Two rounds of `__shfl_xor_sync` transpose the 4 x 4 pieces of a quad (lane $q$ ends with columns
+# $8q..8q+7$ of each group of 32), and each lane stores 16 bytes: a quarter of the instructions, whole
+# sectors. The epilogue's share fell to 8.0 % of the samples (measured in v11, which has it), `large`
+# went from 0.93x to 0.98x cuDNN in one ladder run on an H200 (`benchmarks/results/2026-11-28_h200_step07_v11.json`),
+# and step 10's window kernel, whose tiles are 9 blocks long, from 393-400 to 416-424 TFLOP/s
+# alternating in one process. `v11_lpt_sections` is section 7's last column: causal tiles longest first
+# within 16 MB sections of heads (FA3's causal scheduler does the same with 32 MB; 48 MB ran slower here).
+# The SMs were then active 98.1 % of the cycles, and `large` reached 1.00x cuDNN (1.00x by do_bench and
+# 1.02x by events in a second run, `benchmarks/results/2026-11-28_h200_step07_methods.json`), causal
+# 1.07-1.11x at 4k-16k. Non-causal tiles are all alike and stay at 1.00-1.03x: what remains there is
+# in the loop itself.
 #
 # An older rung did not pay either: `v5_stages3` makes the K/V ring three
 # blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer

@@ -50,7 +50,7 @@ BUGS = {
     "producer_left_to_right": ("producer", [("for (int j = nb - 1; j >= lo; --j, ++it) {",
                                              "for (int j = lo; j < nb; ++j, ++it) {")],
                                ["producer", "left to right"]),
-    "producer_no_skip": ("producer", [("    if (nb == 0) continue;\n    if (q_round > 0)", "    if (q_round > 0)")],
+    "producer_no_skip": ("producer", [("    if (nb == 0) continue;\n    const int h_kv", "    const int h_kv")],
                          ["producer", "no key block (nb = 0)"]),
     "producer_block_coords": ("producer", [("c * PANEL, tile.m_block * BLOCK_M, tile.h", "c * PANEL, tile.m_block, tile.h"),
                                            ("c * PANEL, j * BLOCK_N,", "c * PANEL, j,")],
@@ -254,3 +254,57 @@ def test_visible_cells_name_each_planted_bug(tmp_path):
             wrong[case] = "; ".join(problems)
         print(f"{case} ({cells['cpu_checks']['s']} s):\n  " + "\n  ".join(err.splitlines()[1:]))
     assert not wrong, "\n".join(f"{case}: {why}" for case, why in wrong.items())
+
+
+# ----------------------------------------------------------------------------- the ladder's switches
+# v9-v11's switches, which the exercise's build leaves off; HFA_LPT_MB 1: sections of 1 MB of K and V, so that the
+# first problem's 3 heads (Skv 1024, D 128: 512 KB a head) make two sections, the second one short
+SWITCHES = "".join(f"#define {d} 1\n" for d in ("HFA_PREFETCH_Q", "HFA_EARLY_K", "HFA_WIDE_STORES", "HFA_LPT", "HFA_LPT_MB"))
+SWITCH_PROBLEMS = (
+    emu_hopper.Problem("lpt_sections", D=128, B=3, Hq=2, Hkv=1, Sq=300, Skv=1024, causal=True, seed=8),
+    emu_hopper.Problem("causal_offset", D=64, B=1, Hq=2, Hkv=1, Sq=200, Skv=520, causal=True, seed=2),
+    emu_hopper.Problem("ragged_bf16", D=128, B=1, Hq=1, Hkv=1, Sq=130, Skv=400, causal=False, bf16=True, seed=3, amp=2.0),
+)
+# a bug planted in each switch's code: (file, text, replacement)
+SWITCH_BUGS = {
+    "wide_stores_transpose": ("hopper_harness.cuh", "make_uint4(m[0], m[1], m[2], m[3])", "make_uint4(m[1], m[0], m[2], m[3])"),
+    "lpt_sections_overlap": ("hopper_common.cuh", "bh = s0 + r % width", "bh = r % width"),
+    "early_k_next_slot": ("student_kernel.cu", "load_k(nb - 1, slot(it));", "load_k(nb - 1, slot(it + 1));"),
+}
+
+
+def _switch_build(folder: Path, bug: str | None = None):
+    folder.mkdir()
+    files = {n: (STEP / n).read_text() for n in GIVEN} | {"student_kernel.cu": SWITCHES + SOLUTION}
+    if bug:
+        name, old, new = SWITCH_BUGS[bug]
+        assert files[name].count(old) == 1, (bug, old)
+        files[name] = files[name].replace(old, new)
+    for n, text in files.items():
+        (folder / n).write_text(text)
+    return hc.build_host_driver(folder / "student_kernel.cu", timeout=300)
+
+
+def _switch_failures(build) -> list[str]:
+    """The problems the build gets wrong (or whose run fails), stopping at the first."""
+    from facourse.emu_hopper_gemm import _attention_close, _attention_model
+    assert build.ok, build.log[:2000]
+    for P in SWITCH_PROBLEMS:
+        run = emu_hopper.run_kernel(build.binary, P, oracle_producer=False, oracle_consumer=False)
+        if not run.ok:
+            return [f"{P.name}: {run.message[:200]}"]
+        (_, q), (_, k), (_, v) = emu_hopper.inputs(P)
+        ref_o, ref_lse = _attention_model(P, q, k, v)
+        if not _attention_close(P, run.o, run.lse, ref_o, ref_lse).all():
+            return [f"{P.name}: wrong rows"]
+    return []
+
+
+@needs_gxx
+def test_ladder_switches_compute_the_same_attention(tmp_path):
+    """The switches of v9_prefetch_q, v10_wide_stores and v11_lpt_sections, all on at 128-key blocks, run the
+    whole kernel on the emulated CTA (which takes every tile, in the scheduler's order) to the model's attention;
+    a bug planted in each switch's code fails."""
+    assert _switch_failures(_switch_build(tmp_path / "switches")) == []
+    for bug in SWITCH_BUGS:
+        assert _switch_failures(_switch_build(tmp_path / bug, bug)), f"{bug} passed"

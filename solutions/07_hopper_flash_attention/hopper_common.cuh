@@ -19,8 +19,11 @@
 // 128; 160, 176 or 192, wgmma_ss's widths), the keys per block (v6_block_n176); HFA_CONSUMER_REGS (default
 // 232), the consumers' setmaxnreg; HFA_RESCALE_IN_TURN (default 0; v7_rescale_in_turn): O is rescaled after
 // S_j is issued, under it, not after the wait for P V; HFA_TRIM_FIRST (default 0; v8_trim_first): the rightmost
-// key block's S and P V GEMMs only as wide as the keys the warpgroup's rows see there (trim_width); and
-// HFA_WINDOW (default 0, no rung of this step),
+// key block's S and P V GEMMs only as wide as the keys the warpgroup's rows see there (trim_width);
+// HFA_PREFETCH_Q and HFA_EARLY_K (default 0; v9_prefetch_q): the producer fetches the next tile's Q into L2 as
+// soon as it has the tile and loads its first K before its Q; HFA_WIDE_STORES (default 0; v10_wide_stores): the
+// epilogue stores O 16 bytes a lane; HFA_LPT (default 0; v11_lpt_sections): causal tiles longest first within
+// sections of heads (TileScheduler); and HFA_WINDOW (default 0, no rung of this step),
 // the sliding window of FaParams::window (first_kv_block, window_cuts, apply_mask), for step 10's
 // v6_hopper_window.
 #pragma once
@@ -57,6 +60,21 @@
 #ifndef HFA_TRIM_FIRST
 #define HFA_TRIM_FIRST 0
 #endif
+#ifndef HFA_PREFETCH_Q
+#define HFA_PREFETCH_Q 0
+#endif
+#ifndef HFA_EARLY_K
+#define HFA_EARLY_K 0
+#endif
+#ifndef HFA_WIDE_STORES
+#define HFA_WIDE_STORES 0
+#endif
+#ifndef HFA_LPT
+#define HFA_LPT 0
+#endif
+#ifndef HFA_LPT_MB
+#define HFA_LPT_MB 16
+#endif
 #ifndef HFA_WINDOW
 #define HFA_WINDOW 0
 #endif
@@ -78,6 +96,11 @@ constexpr int kBarWarpgroup0 = 1;                  // named barriers 1, 2: whose
 constexpr bool kOverlap = HFA_OVERLAP;
 constexpr bool kRescaleInTurn = HFA_RESCALE_IN_TURN;  // rescale O between issuing S and P V (FA3's order)
 constexpr bool kTrimFirst = HFA_TRIM_FIRST;        // the rightmost key block's GEMMs only trim_width columns wide
+constexpr bool kPrefetchQ = HFA_PREFETCH_Q;        // the next tile's Q into L2 as soon as the producer knows the tile
+constexpr bool kEarlyK = HFA_EARLY_K;              // the next tile's first K before its Q (whose slot frees last)
+constexpr bool kWideStores = HFA_WIDE_STORES;      // the epilogue stores O 16 bytes a lane (a quad transpose first)
+constexpr bool kLpt = HFA_LPT;                     // causal: longest tiles first across a section of heads
+constexpr int64_t kLptL2Bytes = (int64_t)HFA_LPT_MB << 20;  // the K and V a section's heads read, at most (L2: 50-60 MB)
 
 // Shared memory: Q_i [BLOCK_M x D], K and V rings [STAGES][BLOCK_N x D], then the mbarriers. A tile
 // of D columns is D/64 panels of [rows x 64], each 128-byte swizzled (TMA's SWIZZLE_128B).
@@ -124,12 +147,22 @@ struct Tile {
 // Persistent: gridDim.x = number of SMs; after its first tile a CTA's producer takes the next number
 // from a global counter (a CTA that drew short causal rows simply takes more tiles, and the tiles in
 // flight stay neighbours) and passes it to the consumers through a 2-slot ring in shared memory.
+// HFA_LPT (v11_lpt_sections): causal tiles of one head run from 1 to Skv / BLOCK_N blocks, so in that order
+// the last tiles handed out still include long ones and the other SMs idle while those finish. Instead the
+// heads are cut into sections whose K and V fit in L2 (kLptL2Bytes, whole GQA groups), and within a section
+// every head's longest row block comes first, then every head's next: the kernel ends on the shortest tiles.
 template <int D>
 struct TileScheduler {
-  int m_blocks, heads, total;
+  int m_blocks, heads, total, section;  // section: heads per LPT section (0: one head after another)
   mutable int k = 0;  // tiles handed over so far
   HP_DEVICE explicit TileScheduler(const FaParams& p)
-      : m_blocks((p.Sq + BLOCK_M - 1) / BLOCK_M), heads(p.Hq), total(m_blocks * p.Hq * p.B) {}
+      : m_blocks((p.Sq + BLOCK_M - 1) / BLOCK_M), heads(p.Hq), total(m_blocks * p.Hq * p.B), section(0) {
+    if (kLpt && p.causal && !p.window) {
+      const int64_t kv_head = 4 * (int64_t)p.Skv * D;  // K and V of one KV head, 16-bit
+      const int kv_heads = (int)max((int64_t)1, kLptL2Bytes / kv_head);
+      section = min(kv_heads * (p.Hq / p.Hkv), p.Hq * p.B);
+    }
+  }
   HP_DEVICE int first() const { return blockIdx.x; }
   HP_DEVICE int next(int) const {
     if (!HFA_PERSISTENT) return total;
@@ -151,6 +184,11 @@ struct TileScheduler {
     return t;
   }
   HP_DEVICE Tile operator()(int t) const {
+    if (section > 0) {  // t's section starts at head s0 (b * Hq + h); within it row blocks descend, heads ascend
+      const int s0 = t / (section * m_blocks) * section, width = min(section, total / m_blocks - s0);
+      const int r = t - s0 * m_blocks, bh = s0 + r % width;
+      return Tile{m_blocks - 1 - r / width, bh % heads, bh / heads};
+    }
     const int bh = t / m_blocks;
     return Tile{m_blocks - 1 - t % m_blocks, bh % heads, bh / heads};
   }

@@ -13,22 +13,51 @@ namespace hfa {
 // O_i = O_i / l_i and lse_i = m_i + log l_i (natural log); a row that saw no key: O = 0, lse = -inf.
 // Each thread stores its 2 x 4-byte pieces per 8 columns straight from registers. (Staging O_i in
 // shared memory for a TMA store, as FA3 does, pushed the consumers past 168 registers and spilled.)
+// HFA_WIDE_STORES (v10_wide_stores): the four lanes of a quad first transpose their pieces (two rounds of
+// shuffles), so that each lane holds 8 adjacent columns and stores them as one 16 bytes: a quarter of the
+// store instructions, each filling whole sectors.
 template <typename T, int D>
 HP_DEVICE void epilogue(const Accum<D>& acc, const FaParams& p, const Tile& tile, int wg) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const int row0 = tile.m_block * BLOCK_M + wg * 64 + warp * 16 + lane / 4;
   T* O = static_cast<T*>(p.o) + tile.b * p.o_sb + tile.h * p.o_sh;
   float* lse = p.lse + ((int64_t)tile.b * p.Hq + tile.h) * p.Sq;
+  const bool wide = kWideStores && ((reinterpret_cast<uintptr_t>(O) | (p.o_ss * sizeof(T))) & 15) == 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
     const float l = quad_sum(acc.l[r]);
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (row < p.Sq) {
-      T* out = O + (int64_t)row * p.o_ss + 2 * (lane & 3);
+    if (wide) {
+      // lane q of the quad holds columns 8j + 2q, 8j + 2q + 1 of every 8; per 4 such j, transpose the quad's 4 x 4
+      // pieces: swap the off-diagonal 2 x 2 blocks with lane q ^ 2, then the off-diagonal pieces with lane q ^ 1
+      const int q = lane & 3;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<uint32_t*>(out + 8 * j) = pack2<T>(acc.o[4 * j + 2 * r] * inv, acc.o[4 * j + 2 * r + 1] * inv);
+      for (int g = 0; g < D / 32; ++g) {
+        uint32_t m[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) m[t] = pack2<T>(acc.o[4 * (4 * g + t) + 2 * r] * inv, acc.o[4 * (4 * g + t) + 2 * r + 1] * inv);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const uint32_t x = __shfl_xor_sync(0xffffffffu, (q & 2) ? m[k] : m[2 + k], 2);
+          if (q & 2) m[k] = x; else m[2 + k] = x;
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const uint32_t x = __shfl_xor_sync(0xffffffffu, (q & 1) ? m[2 * k] : m[2 * k + 1], 1);
+          if (q & 1) m[2 * k] = x; else m[2 * k + 1] = x;
+        }
+        if (row < p.Sq)  // m[t] = lane t's piece of column block 4g + q: columns 8 (4g + q) + 0..7 in order
+          *reinterpret_cast<uint4*>(O + (int64_t)row * p.o_ss + 8 * (4 * g + q)) = make_uint4(m[0], m[1], m[2], m[3]);
+      }
+    }
+    if (row < p.Sq) {
+      if (!wide) {
+        T* out = O + (int64_t)row * p.o_ss + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+          *reinterpret_cast<uint32_t*>(out + 8 * j) = pack2<T>(acc.o[4 * j + 2 * r] * inv, acc.o[4 * j + 2 * r + 1] * inv);
+      }
       if ((lane & 3) == 0) lse[row] = l > 0.f ? (acc.m[r] + __log2f(l)) * LN2 : -INFINITY;
     }
   }

@@ -6,4 +6,5 @@
 // Built by v6_hopper_window.py with step 07's folder and its ladder/ on the include path and step 07's
 // fa_binding.cpp (forward(q, k, v, causal, scale, window)), for sm_90a.
 #define HFA_WINDOW 1
+#define HFA_WIDE_STORES 1
 #include "student_kernel_solution.cu"

@@ -479,6 +479,7 @@ inline void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0
   fa_tma_load(dst, map, bar, c0, c1, c2, c3);
 }
 inline void prefetch_tensormap(const CUtensorMap*) {}
+inline void tma_prefetch_4d(const CUtensorMap*, int, int, int, int) {}  // L2 only: nothing to emulate
 inline void wgmma_fence() { fa_fenced = true; }
 inline void wgmma_commit() { fa_gemm_commit(); }
 template <int N> inline void wgmma_wait() { fa_gemm_wait(N); }
