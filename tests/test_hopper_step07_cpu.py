@@ -50,7 +50,7 @@ BUGS = {
     "producer_left_to_right": ("producer", [("for (int j = nb - 1; j >= lo; --j, ++it) {",
                                              "for (int j = lo; j < nb; ++j, ++it) {")],
                                ["producer", "left to right"]),
-    "producer_no_skip": ("producer", [("    if (nb == 0) continue;\n    const int h_kv", "    const int h_kv")],
+    "producer_no_skip": ("producer", [("    if (nb == 0) continue;\n    // LADDER ONLY {", "    // LADDER ONLY {")],
                          ["producer", "no key block (nb = 0)"]),
     "producer_block_coords": ("producer", [("c * PANEL, tile.m_block * BLOCK_M, tile.h", "c * PANEL, tile.m_block, tile.h"),
                                            ("c * PANEL, j * BLOCK_N,", "c * PANEL, j,")],
@@ -269,7 +269,8 @@ SWITCH_PROBLEMS = (
 SWITCH_BUGS = {
     "wide_stores_transpose": ("hopper_harness.cuh", "make_uint4(m[0], m[1], m[2], m[3])", "make_uint4(m[1], m[0], m[2], m[3])"),
     "lpt_sections_overlap": ("hopper_common.cuh", "bh = s0 + r % width", "bh = r % width"),
-    "early_k_next_slot": ("student_kernel.cu", "load_k(nb - 1, slot(it));", "load_k(nb - 1, slot(it + 1));"),
+    "early_k_next_slot": ("student_kernel.cu", "mbar_expect_tx(&bars.k_full[slot(it)], L::kKVBytes);",
+                          "mbar_expect_tx(&bars.k_full[slot(it + 1)], L::kKVBytes);"),
 }
 
 

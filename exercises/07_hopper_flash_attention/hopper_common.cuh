@@ -184,7 +184,7 @@ struct TileScheduler {
     return t;
   }
   HP_DEVICE Tile operator()(int t) const {
-    if (section > 0) {  // t's section starts at head s0 (b * Hq + h); within it row blocks descend, heads ascend
+    if (kLpt && section > 0) {  // t's section starts at head s0 (b * Hq + h); within it row blocks descend, heads ascend
       const int s0 = t / (section * m_blocks) * section, width = min(section, total / m_blocks - s0);
       const int r = t - s0 * m_blocks, bh = s0 + r % width;
       return Tile{m_blocks - 1 - r / width, bh % heads, bh / heads};

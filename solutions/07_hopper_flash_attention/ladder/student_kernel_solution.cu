@@ -35,21 +35,18 @@ HP_DEVICE void producer(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const 
     const Tile tile = sched(t);
     const int nb = num_kv_blocks(p, tile.m_block), lo = first_kv_block(p, tile.m_block);
     if (nb == 0) continue;
-    const int h_kv = tile.h / group;
-    auto load_k = [&](int j, int s) {
-      mbar_wait(&bars.k_empty[s], phase(it) ^ 1);   // a fresh slot counts as released
-      mbar_expect_tx(&bars.k_full[s], L::kKVBytes);
-#pragma unroll
-      for (int c = 0; c < L::kPanels; ++c)
-        tma_load_4d(smem + L::kK + s * L::kKVBytes + c * BLOCK_N * 128, tm_k, &bars.k_full[s], c * PANEL, j * BLOCK_N,
-                    h_kv, tile.b);
-    };
     // LADDER ONLY { v9_prefetch_q: Q is read from HBM once per tile and its slot frees only after the tile's last S,
     // so the new Q's latency would fall between two tiles: fetch it into L2 now, and load the first K before Q
     if (kPrefetchQ && q_round > 0)
 #pragma unroll
       for (int c = 0; c < L::kPanels; ++c) tma_prefetch_4d(tm_q, c * PANEL, tile.m_block * BLOCK_M, tile.h, tile.b);
-    if (kEarlyK) load_k(nb - 1, slot(it));
+    if (kEarlyK) {  // the loop's first K, issued here instead
+      mbar_wait(&bars.k_empty[slot(it)], phase(it) ^ 1);
+      mbar_expect_tx(&bars.k_full[slot(it)], L::kKVBytes);
+      for (int c = 0; c < L::kPanels; ++c)
+        tma_load_4d(smem + L::kK + slot(it) * L::kKVBytes + c * BLOCK_N * 128, tm_k, &bars.k_full[slot(it)],
+                    c * PANEL, (nb - 1) * BLOCK_N, tile.h / group, tile.b);
+    }
     // } LADDER ONLY
     if (q_round > 0) mbar_wait(&bars.q_empty, (q_round - 1) & 1);
     mbar_expect_tx(&bars.q_full, L::kQBytes);
@@ -57,9 +54,17 @@ HP_DEVICE void producer(const CUtensorMap* tm_q, const CUtensorMap* tm_k, const 
     for (int c = 0; c < L::kPanels; ++c)
       tma_load_4d(smem + L::kQ + c * BLOCK_M * 128, tm_q, &bars.q_full, c * PANEL, tile.m_block * BLOCK_M, tile.h, tile.b);
     ++q_round;
+    const int h_kv = tile.h / group;
     for (int j = nb - 1; j >= lo; --j, ++it) {  // lo > 0: a sliding window (HFA_WINDOW builds)
       const int s = slot(it);
-      if (!kEarlyK || j < nb - 1) load_k(j, s);
+      if (!kEarlyK || j < nb - 1) {
+        mbar_wait(&bars.k_empty[s], phase(it) ^ 1);   // a fresh slot counts as released
+        mbar_expect_tx(&bars.k_full[s], L::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < L::kPanels; ++c)
+          tma_load_4d(smem + L::kK + s * L::kKVBytes + c * BLOCK_N * 128, tm_k, &bars.k_full[s], c * PANEL, j * BLOCK_N,
+                      h_kv, tile.b);
+      }
       mbar_wait(&bars.v_empty[s], phase(it) ^ 1);
       mbar_expect_tx(&bars.v_full[s], L::kKVBytes);
 #pragma unroll
