@@ -724,10 +724,11 @@ if R7:
     plt.show()
 
 # %% [markdown]
-# Each rung against the rung it builds on (v5 and v6 on v4; v7-v10 on v6; v11 on v10; the first four
-# each on the one before), and the solution against the two references, as ratios of times (> 1: faster). The last table is about tile scheduling: v4 against v3 (whose CTAs the
-# hardware hands out as they finish, like a dynamic counter), next to section 7's model of a static
-# stride against a dynamic counter. A static-stride v4 was measured once too, slower than the
+# Each rung against the rung it builds on (v2-v4 on the one before; v5 and v6 on v4; v7-v10 on v6;
+# v11 on v10), and the solution against the two references, as ratios of times (> 1: faster). The
+# last table is about tile scheduling: v4 against v3 (whose CTAs the hardware hands out as they
+# finish, like a dynamic counter), next to section 7's model of a static stride against a dynamic
+# counter. A static-stride v4 was measured once too, slower than the
 # dynamic counter on `large` and far slower at causal 16k, the loss the model predicts (that run's
 # figures are not among the committed results).
 
