@@ -1023,9 +1023,9 @@ if R10:
 
 # %%
 if R10:
-    M10 = R10 if any(r.get("ratio_methods") for r in results.bench(R10, R10["solution"])) else results.load("10_methods")
+    M10 = results.load("10_methods")
     rows = [r for r in results.bench(M10, M10["solution"]) if r.get("ratio_methods")] if M10 else []
-    if rows and M10 is not R10:
+    if rows:
         print(f"{M10['source']}: {results.header(M10)}")
     for r in rows:
         m = r["ratio_methods"]
