@@ -672,6 +672,7 @@ else:
 # | `v9_prefetch_q` | the next tile's $Q$ fetched into L2 early, its first $K$ before its $Q$ | (did not pay) |
 # | `v10_wide_stores` | the epilogue's stores of $O$ 16 bytes a lane (a transpose within each quad first) | FA3's code stages $O$ for a TMA store |
 # | `v11_lpt_sections` | causal tiles longest first within sections of heads: the ladder's solution | FA3's code (its LPT scheduler) |
+# | `v12_overlap_tiles` | two $Q$ slots; the next tile's first $S$ issued under this tile's epilogue | (did not pay) |
 #
 # FA3's own ablation (§4.2, Table 2; non-causal, head dimension 128, about 8k tokens) measured
 # 661 TFLOP/s for the full kernel, 582 without the softmax/GEMM pipelining and 570 without warp
@@ -725,7 +726,7 @@ if R7:
 
 # %% [markdown]
 # Each rung against the rung it builds on (v2-v4 on the one before; v5 and v6 on v4; v7-v10 on v6;
-# v11 on v10), and the solution against the two references, as ratios of times (> 1: faster). The
+# v11 on v10; v12 on v11), and the solution against the two references, as ratios of times (> 1: faster). The
 # last table is about tile scheduling: v4 against v3 (whose CTAs the hardware hands out as they
 # finish, like a dynamic counter), next to section 7's model of a static stride against a dynamic
 # counter. A static-stride v4 was measured once too, slower than the
@@ -736,7 +737,7 @@ if R7:
 if R7:
     BASE = {"v5_stages3": "v4_persistent", "v6_block_n176": "v4_persistent", "v7_rescale_in_turn": "v6_block_n176",
             "v8_trim_first": "v6_block_n176", "v9_prefetch_q": "v6_block_n176", "v10_wide_stores": "v6_block_n176",
-            "v11_lpt_sections": "v10_wide_stores"}   # each rung's file says what it adds to which
+            "v11_lpt_sections": "v10_wide_stores", "v12_overlap_tiles": "v11_lpt_sections"}   # each rung's file says what it adds to which
     for prev, cur in zip(rungs, rungs[1:]):
         prev = BASE.get(cur, prev)
         r = {c: med(cur, c) / med(prev, c) for c in configs}
@@ -816,6 +817,15 @@ if R7:
 # 1.02x by events in a second run, `benchmarks/results/2026-11-28_h200_step07_methods.json`), causal
 # 1.07-1.11x at 4k-16k. Non-causal tiles are all alike and stay at 1.00-1.03x: what remains there is
 # in the loop itself.
+#
+# `v12_overlap_tiles` tried the tile's other end. A consumer issues the next tile's first $S$ in the same
+# turn as this tile's last $PV$, so that it runs under the epilogue, and two $Q$ slots let the producer
+# load that $Q$ while the tile runs (its producer and loop are in `ladder/overlap_tiles.cuh`; two slots
+# and 176-key blocks would need 240 KB of shared memory, so its blocks are 160 wide). In one runner call
+# it ran 500 TFLOP/s on `large` (0.94x cuDNN) against v11's 532 (`benchmarks/results/2026-11-28_h200_step07_overlap_tiles.json`):
+# the turn that carries the next $S$ is longer, and the other warpgroup waits for that turn. Step 10's
+# window kernel, whose tiles are short, ran 421-427 TFLOP/s with this loop against 418-423 as built
+# (`benchmarks/results/2026-11-28_h200_step07_overlap_probes.txt`), too little to keep.
 #
 # An older rung did not pay either: `v5_stages3` makes the K/V ring three
 # blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer

@@ -1038,7 +1038,11 @@ if R10:
 # On the windows the three disagree by more than the noise of any one of them. The course's bench
 # rests the GPU between calls; `do_bench` keeps it busy long enough for its clock to fall, and in one
 # probe on an H100 the clock fell further under the window kernel than under FlexAttention's (the
-# benchmarks README has it). None of the three is wrong: they answer different questions (a burst, or
+# benchmarks README has it). A later probe on an H200 timed each kernel in four patterns with NVML
+# sampling the clock (`benchmarks/results/2026-11-28_h200_step07_overlap_probes.txt`, section 3): run
+# back to back, the window kernel averaged 1878-1920 MHz and the ratio read 1.22-1.24x; with a short
+# spin before each call, 1.30-1.31x; interleaved with FlexAttention, as a model interleaves attention
+# with other kernels, 1.31-1.33x. The clock explains part of the drop, not all of it. None of the three is wrong: they answer different questions (a burst, or
 # a sustained stream of calls), so a speed-up near its bar must hold under more than one before it
 # counts.
 

@@ -274,11 +274,12 @@ SWITCH_BUGS = {
 }
 
 
-def _switch_build(folder: Path, bug: str | None = None):
+def _switch_build(folder: Path, bug: str | None = None, switches: str = SWITCHES, bugs: dict = SWITCH_BUGS):
     folder.mkdir()
-    files = {n: (STEP / n).read_text() for n in GIVEN} | {"student_kernel.cu": SWITCHES + SOLUTION}
+    files = {n: (STEP / n).read_text() for n in GIVEN} | {"student_kernel.cu": switches + SOLUTION}
+    files["overlap_tiles.cuh"] = (STEP / "ladder" / "overlap_tiles.cuh").read_text()
     if bug:
-        name, old, new = SWITCH_BUGS[bug]
+        name, old, new = bugs[bug]
         assert files[name].count(old) == 1, (bug, old)
         files[name] = files[name].replace(old, new)
     for n, text in files.items():
@@ -286,11 +287,11 @@ def _switch_build(folder: Path, bug: str | None = None):
     return hc.build_host_driver(folder / "student_kernel.cu", timeout=300)
 
 
-def _switch_failures(build) -> list[str]:
+def _switch_failures(build, problems=SWITCH_PROBLEMS) -> list[str]:
     """The problems the build gets wrong (or whose run fails), stopping at the first."""
     from facourse.emu_hopper_gemm import _attention_close, _attention_model
     assert build.ok, build.log[:2000]
-    for P in SWITCH_PROBLEMS:
+    for P in problems:
         run = emu_hopper.run_kernel(build.binary, P, oracle_producer=False, oracle_consumer=False)
         if not run.ok:
             return [f"{P.name}: {run.message[:200]}"]
@@ -309,3 +310,25 @@ def test_ladder_switches_compute_the_same_attention(tmp_path):
     assert _switch_failures(_switch_build(tmp_path / "switches")) == []
     for bug in SWITCH_BUGS:
         assert _switch_failures(_switch_build(tmp_path / bug, bug)), f"{bug} passed"
+
+
+# v12_overlap_tiles: the producer and the consumers' loop of ladder/overlap_tiles.cuh (two Q slots, the next tile's first S
+# issued before this tile's epilogue) with v9-v11's switches; and a problem whose first row blocks see no key, so the loop
+# writes their O and goes on to the next tile that has keys. A bug planted in each of its parts fails.
+OVERLAP = SWITCHES + "#define HFA_OVERLAP_TILES 1\n"
+OVERLAP_PROBLEMS = SWITCH_PROBLEMS + (
+    emu_hopper.Problem("empty_rows", D=64, B=1, Hq=2, Hkv=1, Sq=300, Skv=130, causal=True, seed=4),)
+OVERLAP_BUGS = {
+    "next_tile_reads_this_q": ("overlap_tiles.cuh", "gemm_qk<T, D>(s, q_addr(q_round + 1)", "gemm_qk<T, D>(s, q_addr(q_round)"),
+    "last_pv_not_waited": ("overlap_tiles.cuh", "    wgmma_wait<1>();  // P V is done", "    // P V is done"),
+    "rows_without_keys_unwritten": ("overlap_tiles.cuh", "      epilogue<T, D>(none, p, sched(t), wg);", ""),
+    "q_phase_of_the_round": ("overlap_tiles.cuh", "return (r >> 1) & 1;", "return r & 1;"),
+}
+
+
+@needs_gxx
+def test_overlap_tiles_computes_the_same_attention(tmp_path):
+    assert _switch_failures(_switch_build(tmp_path / "overlap", None, OVERLAP), OVERLAP_PROBLEMS) == []
+    for bug in OVERLAP_BUGS:
+        build = _switch_build(tmp_path / bug, bug, OVERLAP, OVERLAP_BUGS)
+        assert _switch_failures(build, OVERLAP_PROBLEMS), f"{bug} passed"

@@ -23,7 +23,9 @@
 // HFA_PREFETCH_Q and HFA_EARLY_K (default 0; v9_prefetch_q): the producer fetches the next tile's Q into L2 as
 // soon as it has the tile and loads its first K before its Q; HFA_WIDE_STORES (default 0; v10_wide_stores): the
 // epilogue stores O 16 bytes a lane; HFA_LPT (default 0; v11_lpt_sections): causal tiles longest first within
-// sections of heads (TileScheduler); and HFA_WINDOW (default 0, no rung of this step),
+// sections of heads (TileScheduler); HFA_OVERLAP_TILES (default 0; v12_overlap_tiles): two Q slots and the next
+// tile's first S issued before this tile's epilogue (the producer and the consumers' loop of ladder/overlap_tiles.cuh);
+// and HFA_WINDOW (default 0, no rung of this step),
 // the sliding window of FaParams::window (first_kv_block, window_cuts, apply_mask), for step 10's
 // v6_hopper_window.
 #pragma once
@@ -75,6 +77,9 @@
 #ifndef HFA_LPT_MB
 #define HFA_LPT_MB 16
 #endif
+#ifndef HFA_OVERLAP_TILES
+#define HFA_OVERLAP_TILES 0
+#endif
 #ifndef HFA_WINDOW
 #define HFA_WINDOW 0
 #endif
@@ -101,8 +106,9 @@ constexpr bool kEarlyK = HFA_EARLY_K;              // the next tile's first K be
 constexpr bool kWideStores = HFA_WIDE_STORES;      // the epilogue stores O 16 bytes a lane (a quad transpose first)
 constexpr bool kLpt = HFA_LPT;                     // causal: longest tiles first across a section of heads
 constexpr int64_t kLptL2Bytes = (int64_t)HFA_LPT_MB << 20;  // the K and V a section's heads read, at most (L2: 50-60 MB)
+constexpr int kQStages = HFA_OVERLAP_TILES ? 2 : 1;  // Q slots (the second with q2_full, q2_empty)
 
-// Shared memory: Q_i [BLOCK_M x D], K and V rings [STAGES][BLOCK_N x D], then the mbarriers. A tile
+// Shared memory: Q_i [kQStages][BLOCK_M x D], K and V rings [STAGES][BLOCK_N x D], then the mbarriers. A tile
 // of D columns is D/64 panels of [rows x 64], each 128-byte swizzled (TMA's SWIZZLE_128B).
 // D = 128: 32 + 64 + 64 KB.
 template <int D>
@@ -111,7 +117,7 @@ struct SmemLayout {
   static constexpr int kQBytes = BLOCK_M * D * 2;
   static constexpr int kKVBytes = BLOCK_N * D * 2;
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kK = kQ + kQStages * kQBytes;
   static constexpr int kV = kK + STAGES * kKVBytes;
   static constexpr int kBarriers = kV + STAGES * kKVBytes;
   static constexpr int kBytes = kBarriers + 256 + 1024;  // + the barriers + slack to align to 1 KB
@@ -124,6 +130,7 @@ struct Barriers {
   uint64_t tile_full[2], tile_empty[2];  // persistent: the producer hands tile numbers to the consumers
   int tile[2];
   int* counter;                          // persistent: the global tile counter
+  uint64_t q2_full, q2_empty;            // HFA_OVERLAP_TILES: the second Q slot's
 };
 
 // The CTA's shared memory, aligned to 1 KB (swizzled panels start on 1024-byte boundaries), and its

@@ -81,6 +81,11 @@ HP_DEVICE void consumer(unsigned char* smem, Barriers& bars, const FaParams& p, 
     epilogue<T, D>(acc, p, tile, wg);
   }
 }
+}  // namespace hfa
+#if HFA_OVERLAP_TILES
+#include "overlap_tiles.cuh"  // the ladder's v12_overlap_tiles: producer_two_q, consumer_overlapped (not given)
+#endif
+namespace hfa {
 
 // ============================================================================ kernel
 // Thread 0 fetches the tensor maps and sets up the ring's, Q's and the tile hand-over's mbarriers (full:
@@ -94,6 +99,10 @@ HP_DEVICE void init_barriers(Barriers& bars, const CUtensorMap* tm_q, const CUte
     prefetch_tensormap(tm_v);
     mbar_init(&bars.q_full, 1);
     mbar_init(&bars.q_empty, 4 * kConsumers);
+    if (kQStages > 1) {
+      mbar_init(&bars.q2_full, 1);
+      mbar_init(&bars.q2_empty, 4 * kConsumers);
+    }
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&bars.k_full[s], 1);
       mbar_init(&bars.v_full[s], 1);
@@ -119,10 +128,18 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   const TileScheduler<D> sched(p);
   if (threadIdx.x < 128) {  // warpgroup 0: the producer
     setmaxnreg_dec<kProducerRegs>();
+#if HFA_OVERLAP_TILES
+    if (threadIdx.x == 0) producer_two_q<D>(&tm_q, &tm_k, &tm_v, smem, bars, p, sched);
+#else
     if (threadIdx.x == 0) producer<D>(&tm_q, &tm_k, &tm_v, smem, bars, p, sched);
+#endif
   } else {
     setmaxnreg_inc<kConsumerRegs>();
+#if HFA_OVERLAP_TILES
+    consumer_overlapped<T, D>(smem, bars, p, sched, threadIdx.x / 128 - 1);
+#else
     consumer<T, D>(smem, bars, p, sched, threadIdx.x / 128 - 1);
+#endif
   }
 }
 

@@ -190,11 +190,13 @@ static unsigned char* setup_smem(bool track) {
   Barriers& bars = barriers<D>();
   uint64_t* ids[kFaBars] = {&bars.q_full, &bars.q_empty, &bars.k_full[0], &bars.k_full[1], &bars.k_empty[0],
                             &bars.k_empty[1], &bars.v_full[0], &bars.v_full[1], &bars.v_empty[0], &bars.v_empty[1],
-                            &bars.tile_full[0], &bars.tile_full[1], &bars.tile_empty[0], &bars.tile_empty[1]};
+                            &bars.tile_full[0], &bars.tile_full[1], &bars.tile_empty[0], &bars.tile_empty[1],
+                            &bars.q2_full, &bars.q2_empty};
   for (int i = 0; i < kFaBars; ++i) fa_bar_addr[i] = smem_u32(ids[i]);
   fa_nbars = kFaBars;
   const uint32_t b = fa_smem_base_addr;
   fa_regions = {{b + L::kQ, b + L::kQ + L::kQBytes, 0, 1, "Q"}};
+  if (kQStages > 1) fa_regions.push_back({b + L::kQ + L::kQBytes, b + L::kQ + 2 * L::kQBytes, 14, 15, "Q slot 1"});
   for (int s = 0; s < STAGES; ++s) {
     fa_regions.push_back({b + L::kK + s * L::kKVBytes, b + L::kK + (s + 1) * L::kKVBytes, 2 + s, 4 + s,
                           fa_str("K slot %d", s)});

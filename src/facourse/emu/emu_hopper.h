@@ -76,8 +76,9 @@ inline std::string fa_who() {
 // ---- names the driver gives: mbarriers by symbolic id, and the ring's slots ----------------------
 inline const char* const fa_bar_names[] = {"q_full", "q_empty", "k_full[0]", "k_full[1]", "k_empty[0]",
                                            "k_empty[1]", "v_full[0]", "v_full[1]", "v_empty[0]", "v_empty[1]",
-                                           "tile_full[0]", "tile_full[1]", "tile_empty[0]", "tile_empty[1]"};
-constexpr int kFaBars = 14;
+                                           "tile_full[0]", "tile_full[1]", "tile_empty[0]", "tile_empty[1]",
+                                           "q2_full", "q2_empty"};   // the last two: the ladder's second Q slot
+constexpr int kFaBars = 16;
 inline uint32_t fa_bar_addr[kFaBars] = {};
 inline int fa_nbars = 0;
 inline int fa_bar_id(uint32_t a) {
