@@ -5,7 +5,7 @@ the SM clock every ~2 ms in a thread, averaged over each timing. Prints one line
 import os, statistics, sys, threading, time
 sys.path[:0] = ["src", ".", "solutions/10_attention_variants/ladder"]
 import torch
-from facourse.bench import _spin_cycles_per_us, new_flush_buffer
+from facourse.bench import spin_cycles_per_us, new_flush_buffer
 from facourse.variants import flex_reference, make_inputs, perf_case, reference_block_mask, PERF_TILES
 import v6_hopper_window as v6
 
@@ -20,7 +20,7 @@ def sample(stop):
 
 def run(calls, order, n, spin_us):
     flush = new_flush_buffer()
-    spin = int(spin_us * _spin_cycles_per_us(torch.cuda.current_device()))
+    spin = int(spin_us * spin_cycles_per_us(torch.cuda.current_device()))
     times = {k: [] for k in calls}
     torch.cuda.synchronize()
     t0 = time.perf_counter()

@@ -163,7 +163,7 @@ def reference(backend: str = "FLASH_ATTENTION"):
 
 
 @functools.lru_cache(maxsize=None)
-def _spin_cycles_per_us(device_index: int) -> float:
+def spin_cycles_per_us(device_index: int) -> float:
     """Clock cycles of ``torch.cuda._sleep`` per microsecond, measured once per GPU."""
     cycles = 1 << 21
     torch.cuda._sleep(1000)                                   # load the kernel first
@@ -195,7 +195,7 @@ def time_calls(calls: dict, rounds: int, flush: torch.Tensor, warmup: int = 5,
             torch.cuda.synchronize()
     # spin for twice the slowest enqueue seen, at least 200 us, at most 20 ms
     spin_us = min(max(200.0, 2.0 * host_max), 20_000.0)
-    spin = int(spin_us * _spin_cycles_per_us(torch.cuda.current_device()))
+    spin = int(spin_us * spin_cycles_per_us(torch.cuda.current_device()))
     gpu = {name: [] for name in names}
     host = {name: [] for name in names}
     for r in range(rounds):
