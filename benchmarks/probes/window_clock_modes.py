@@ -6,7 +6,8 @@ import os, statistics, sys, threading, time
 sys.path[:0] = ["src", ".", "solutions/10_attention_variants/ladder"]
 import torch
 from facourse.bench import spin_cycles_per_us, new_flush_buffer
-from facourse.variants import flex_reference, make_inputs, perf_case, reference_block_mask, PERF_TILES
+from facourse.configs import make_inputs
+from facourse.variants import flex_reference, perf_case, reference_block_mask, PERF_TILES
 import v6_hopper_window as v6
 
 clock = []
@@ -21,7 +22,7 @@ def sample(stop):
 def run(calls, order, n, spin_us):
     flush = new_flush_buffer()
     spin = int(spin_us * spin_cycles_per_us(torch.cuda.current_device()))
-    times = {k: [] for k in calls}
+    times = {k: [] for k in order}
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     ev = []
@@ -38,7 +39,7 @@ def run(calls, order, n, spin_us):
     for name, a, b in ev:
         times[name].append(a.elapsed_time(b))
     mhz = [c for t, c in clock if t0 <= t <= t1]
-    return {k: statistics.median(v) for k, v in times.items() if v}, (statistics.mean(mhz) if mhz else 0.0)
+    return {k: statistics.median(v) for k, v in times.items()}, (statistics.mean(mhz) if mhz else 0.0)
 
 stop = threading.Event()
 threading.Thread(target=sample, args=(stop,), daemon=True).start()
@@ -53,14 +54,13 @@ for case in ("window1024_8k", "window1024_16k"):
             f()
     torch.cuda.synchronize()
     for rnd in range(2):
-        for pattern, order_of, spin in (("back to back", lambda n: [n], 0), ("back to back + spin 300 us", lambda n: [n], 300),
-                                        ("interleaved", lambda n: ["v6", "flex"], 0),
-                                        ("interleaved + spin 300 us", lambda n: ["v6", "flex"], 300)):
-            res = {}
-            if pattern.startswith("interleaved"):
-                t, mhz = run(calls, ["v6", "flex"], 150, spin)
+        for pattern, interleaved, spin in (("back to back", False, 0), ("back to back + spin 300 us", False, 300),
+                                           ("interleaved", True, 0), ("interleaved + spin 300 us", True, 300)):
+            if interleaved:
+                t, mhz = run(calls, list(calls), 150, spin)
                 res = {n: (t[n], mhz) for n in calls}
             else:
+                res = {}
                 for n in calls:
                     t, mhz = run(calls, [n], 300, spin)
                     res[n] = (t[n], mhz)

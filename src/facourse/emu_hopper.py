@@ -29,9 +29,9 @@ H_ROWS, H_STAGES, H_PANEL = 128, 2, 64
 WAIT, EXPECT, TMA, ARRIVE, VERIFY = 1, 2, 3, 4, 5          # the driver's operation and event kinds
 BARS = ("q_full", "q_empty", "k_full[0]", "k_full[1]", "k_empty[0]", "k_empty[1]", "v_full[0]", "v_full[1]",
         "v_empty[0]", "v_empty[1]", "tile_full[0]", "tile_full[1]", "tile_empty[0]", "tile_empty[1]",
-        "q2_full", "q2_empty")                              # the last two: the ladder's second Q slot (HFA_OVERLAP_TILES)
+        "q2_full", "q2_empty")          # the last two: the ladder's second Q slot (HFA_OVERLAP_TILES)
 _BAR_BASE = {"q_full": 0, "q_empty": 1, "k_full": 2, "k_empty": 4, "v_full": 6, "v_empty": 8}
-EMPTY_BARS = {1, 4, 5, 8, 9, 12, 13, 15}                      # their phases count 8 arrivals (one per consumer warp)
+EMPTY_BARS = {1, 4, 5, 8, 9, 12, 13, 15}                  # their phases count 8 arrivals (one per consumer warp)
 REGIONS = ("Q", "K slot 0", "V slot 0", "K slot 1", "V slot 1")   # the driver's order of the slots
 MAPS = ("Q", "K", "V")
 LOG2E, LN2 = math.log2(math.e), math.log(2.0)
