@@ -795,29 +795,33 @@ if gpu_or_skip("timing SDPA's backward"):
 # FlashAttention-3's plan for the backward (Shah et al. 2024, §3 and Appendix B).
 #
 # One CTA owns a block of 128 keys, keeps $K_j$ and $V_j$ in shared memory for its whole life, and
-# walks the query blocks $i$ of 64 rows that see it (causal: from the first row that sees key $128j$),
-# with $Q_i$, $dO_i$ arriving by TMA in a two-deep ring. Each consumer warpgroup owns 64 of the keys,
+# walks the query blocks $i$ of $B_M$ rows that see it (causal: from the first row that sees key
+# $128j$), with $Q_i$, $dO_i$ arriving by TMA in a two-deep ring; $B_M$ is 64, or 80 at $d = 128$
+# without a causal mask (the last paragraphs say why). Each consumer warpgroup owns 64 of the keys,
 # and per query block issues five products:
 #
 # | product | per warpgroup | WGMMA form | A | B |
 # |---|---|---|---|---|
-# | $S^\top = K_j Q_i^\top$ | 64 keys × 64 queries, $k = d$ | SS | $K_j$ (shared, K-major) | $Q_i$ (shared, K-major) |
-# | $dP^\top = V_j\, dO_i^\top$ | 64 × 64, $k = d$ | SS | $V_j$ | $dO_i$ |
-# | $dV_j \mathrel{+}= P^\top dO_i$ | 64 × $d$, $k = 64$ | RS | $P^\top$ (registers) | $dO_i$ (shared, MN-major) |
-# | $dK_j \mathrel{+}= dS^\top Q_i$ | 64 × $d$, $k = 64$ | RS | $dS^\top$ (registers) | $Q_i$ (shared, MN-major) |
-# | $dQ_i \mathrel{+}= dS\,K_j$ | 64 queries × 64 of $d$, $k = 128$ keys | SS | $dS^\top$ (shared, read transposed) | $K_j$ (shared, MN-major) |
+# | $S^\top = K_j Q_i^\top$ | 64 keys × $B_M$ queries, $k = d$ | SS | $K_j$ (shared, K-major) | $Q_i$ (shared, K-major) |
+# | $dP^\top = V_j\, dO_i^\top$ | 64 × $B_M$, $k = d$ | SS | $V_j$ | $dO_i$ |
+# | $dV_j \mathrel{+}= P^\top dO_i$ | 64 × $d$, $k = B_M$ | RS | $P^\top$ (registers) | $dO_i$ (shared, MN-major) |
+# | $dK_j \mathrel{+}= dS^\top Q_i$ | 64 × $d$, $k = B_M$ | RS | $dS^\top$ (registers) | $Q_i$ (shared, MN-major) |
+# | $dQ_i^\top = K_j^\top dS_i^\top$ | 64 of $d$ × $B_M$ queries, $k = 128$ keys | SS | $K_j$ (shared, read transposed) | $dS_i$ (shared, K-major) |
 #
 # **Why $S^\top$, not $S$.** A WGMMA accumulator is laid out exactly as the A operand of the next
 # product wants its registers (lecture 07, section 4: the `mma.sync` fragments stacked along $N$). With
 # keys as the rows, $P^\top$ and $dS^\top$ come out of the first two products already in the place
-# where $dV$ and $dK$ take their A operand: no transpose through shared memory. Only $dQ$ wants $dS$
-# with queries as rows; WGMMA reads an A operand from shared memory either way round (its "transpose
-# A" immediate, `wgmma_ss<T, N, 1, 1>` in `hopper_primitives.cuh`), so $dS^\top$ is stored once,
-# 128-byte swizzled like a TMA tile, and both warpgroups read all 128 keys of it after one barrier.
+# where $dV$ and $dK$ take their A operand: no transpose through shared memory. Only $dQ$ needs the
+# other warpgroup's keys, so $dS$ goes through shared memory once: `stmatrix .trans` stores a warp's
+# 8 × 8 blocks of $dS^\top$ transposed, as $dS$ (queries as rows), 128-byte swizzled like a TMA tile,
+# and after one barrier each warpgroup computes 64 columns of $dQ_i^\top = K_j^\top dS_i^\top$ over all
+# 128 keys, reading $K_j$ transposed (WGMMA's "transpose A" immediate, `wgmma_ss<T, N, 1, 0>` in
+# `hopper_primitives.cuh`). $dQ$ comes out transposed so that the query block is WGMMA's $N$, which
+# may be 80; its $M$ is always 64.
 #
 # **Registers.** $dK_j$ and $dV_j$ stay in registers for the whole walk: at $d = 128$ that is
 # $2 \times 64 \times 128$ fp32 values per warpgroup, 128 registers per thread, before $S^\top$ and
-# $dP^\top$ (32 each) are in flight. `setmaxnreg` gives each consumer thread 240 and the producer 24
+# $dP^\top$ ($B_M / 2$ each) are in flight. `setmaxnreg` gives each consumer thread 240 and the producer 24
 # (lecture 07's split is 232 and 40; at 232, with the issue order of the section's last paragraphs,
 # ptxas spilled and serialised the WGMMAs, the C7512 below). Both move registers within the CTA's
 # launch allocation, 168 a thread at 384 threads: a split past it (32 and 240) made every launch fail.
@@ -890,9 +894,21 @@ if gpu_or_skip("timing SDPA's backward"):
 # 0.88-0.89x (`2026-11-28_h200_step08_v4_desync.txt`). The shared barrier is not what holds the
 # tensor pipe at 55 %; the probe build was not kept.
 #
+# **A wider step.** FlashAttention-3's backward at $d = 128$ without a causal mask takes 80 query rows
+# a step, not 64: each step's fixed costs (the barrier, the hand-over, the wait for $dK$ before the next
+# $S^\top$) are then spread over a quarter more products. Two things had to change. The query block
+# must be every product's $N$ (WGMMA's $M$ is 64 per warpgroup), hence $dQ^\top$ in the table above
+# and $dS$ stored transposed. And the registers: with $P^\top$ and $dP^\top$ at 40 each, $P^\top$'s
+# 16-bit copy held for $dV$ in flight made ptxas spill and serialise the WGMMAs (C7512 again), so at 80
+# rows $dV$ is issued once $dS^\top$ is made, and $m_2$ and $D_i$ reach shared memory by `cp.async`
+# instead of through a thread's registers. In one probe on an H200
+# (`2026-11-28_h200_step08_v4_bm80_probes.txt`) the non-causal backward went from 0.84-0.86x cuDNN's
+# to 0.98-1.01x; the new code at 64 rows, which causal blocks keep, took large from 0.96x to 1.02x.
+#
 # The cell below reads the newest committed ladder run: each rung's backward at the 4k-16k points
 # (fp16, TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs. v4 is the
-# step's solution: it reaches 0.98x cuDNN's backward on large, not yet 1.0x, and less at 4k-16k.
+# step's solution: on an H200, in fp16, it runs 1.03x cuDNN's backward on large, 0.98-1.00x without a
+# causal mask and 0.97-1.00x with one at 4k-16k (`2026-11-28_h200_step08.json`).
 
 # %%
 R08 = results.load("08")
@@ -941,7 +957,7 @@ else:
 #   tile that sees it.
 # - The backward does 2.5× the forward's matmul FLOPs, and runs at a lower fraction of peak.
 # - On Hopper (the ladder's v4): $S^\top$ and $dP^\top$ by WGMMA so that $P^\top$ and $dS^\top$ feed $dV$
-#   and $dK$ from registers; $dQ$ from $dS^\top$ in shared memory read transposed, added across CTAs
+#   and $dK$ from registers; $dQ^\top = K^\top dS^\top$ from $dS$ stored transposed by `stmatrix`, added across CTAs
 #   in L2 by a bulk reduce-add, or in a fixed order behind a counter per tile when it must be
 #   bit-reproducible. Read ptxas's notes: a trap in a wait loop serialised every WGMMA. Hand the work
 #   out so that the resident CTAs share their heads: their reads and adds then stay in L2.

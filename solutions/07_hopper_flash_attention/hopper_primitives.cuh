@@ -162,6 +162,7 @@ HP_DEVICE void pin_registers(uint32_t (&r)[N][4]) {
                  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define HP_R32_63 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
                   "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define HP_R32_39 "%32, %33, %34, %35, %36, %37, %38, %39"
 #define HP_R64_79 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define HP_R80_87 "%80, %81, %82, %83, %84, %85, %86, %87"
 #define HP_R88_95 "%88, %89, %90, %91, %92, %93, %94, %95"
@@ -187,7 +188,8 @@ HP_DEVICE void pin_registers(uint32_t (&r)[N][4]) {
 // 16w + l/4 + 8h, column 8j + 2(l%4) + e -- the mma.sync C fragment, stacked N/8 times along N.
 template <typename T, int N, int TA, int TB>
 HP_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  static_assert(N == 64 || N == 128 || N == 160 || N == 176 || N == 192, "wgmma_ss: N is 64, 128, 160, 176 or 192");
+  static_assert(N == 64 || N == 80 || N == 128 || N == 160 || N == 176 || N == 192,
+                "wgmma_ss: N is 64, 80, 128, 160, 176 or 192");
   if constexpr (N == 192) {  // wider key blocks of S = Q K^T (step 07's HFA_BLOCK_N)
     HP_WGMMA_SS_T("m64n192k16", HP_R0_31 ", " HP_R32_63 ", " HP_R64_79 ", " HP_R80_87 ", " HP_R88_95, "%96", "%97", "%98", "%99",
                   "%100", HP_ACC8(0), HP_ACC8(8), HP_ACC8(16), HP_ACC8(24), HP_ACC8(32), HP_ACC8(40), HP_ACC8(48),
@@ -203,6 +205,9 @@ HP_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int
   } else if constexpr (N == 128) {
     HP_WGMMA_SS_T("m64n128k16", HP_R0_31 ", " HP_R32_63, "%64", "%65", "%66", "%67", "%68",
                   HP_ACC8(0), HP_ACC8(8), HP_ACC8(16), HP_ACC8(24), HP_ACC8(32), HP_ACC8(40), HP_ACC8(48), HP_ACC8(56));
+  } else if constexpr (N == 80) {  // step 08's query blocks of 80 rows (its non-causal backward at D 128)
+    HP_WGMMA_SS_T("m64n80k16", HP_R0_31 ", " HP_R32_39, "%40", "%41", "%42", "%43", "%44",
+                  HP_ACC8(0), HP_ACC8(8), HP_ACC8(16), HP_ACC8(24), HP_ACC8(32));
   } else {
     HP_WGMMA_SS_T("m64n64k16", HP_R0_31, "%32", "%33", "%34", "%35", "%36",
                   HP_ACC8(0), HP_ACC8(8), HP_ACC8(16), HP_ACC8(24));
@@ -253,6 +258,7 @@ HP_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc
 #undef HP_ACC8
 #undef HP_R0_31
 #undef HP_R32_63
+#undef HP_R32_39
 #undef HP_R64_79
 #undef HP_R80_87
 #undef HP_R88_95

@@ -69,11 +69,11 @@ std::vector<at::Tensor> backward(at::Tensor q, at::Tensor k, at::Tensor v, at::T
   f.base = params(q, k, v, dout, causal, scale);
   const FaParams& p = f.base;
   if (p.Sq == 0 || p.Skv == 0 || p.B == 0 || p.Hq == 0) return {dq.zero_(), dk.zero_(), dv.zero_()};
-  const int64_t m_blocks = (p.Sq + 63) / 64;
-  TORCH_CHECK(m2.is_contiguous() && delta.is_contiguous() && m2.size(-1) >= m_blocks * 64 && m2.size(-1) % 4 == 0,
+  const int64_t bm = fa_bwd_block_m(p.D, p.causal), m_blocks = (p.Sq + bm - 1) / bm;
+  TORCH_CHECK(m2.is_contiguous() && delta.is_contiguous() && m2.size(-1) >= p.Sq && m2.size(-1) % 4 == 0,
               "m2, delta: contiguous [B, Hq, Sq_pad]");
   auto opts = q.options().dtype(at::kFloat);
-  auto dq_acc = at::zeros({p.B * p.Hq * m_blocks * 8192}, opts);
+  auto dq_acc = at::zeros({p.B * p.Hq * m_blocks * 128 * bm}, opts);
   auto counter = at::zeros({1}, q.options().dtype(at::kInt));
   at::Tensor sems = deterministic ? at::zeros({p.B * p.Hq * m_blocks}, q.options().dtype(at::kInt)) : at::Tensor();
   f.m2 = m2.data_ptr<float>(); f.delta = delta.data_ptr<float>(); f.dq_acc = dq_acc.data_ptr<float>();
