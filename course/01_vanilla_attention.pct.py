@@ -92,7 +92,8 @@ print("max |o - reference| =", float((o.double() - o_ref).abs().max()))
 # named configuration (as non-contiguous views, with new allocations filled with NaN so an unwritten
 # element shows), calls the function, and compares with a float64 reference under the rule of
 # the course (its correctness rule): no worse than twice PyTorch's own rounding in the same dtype, plus $10^{-3}$, and under
-# 1 % relative. A failure names the configuration, the wrong rows and heads, and a likely cause.
+# 1 % relative (in fp16; bf16, with three significand bits fewer, is allowed 8 times that). A failure
+# names the configuration, the wrong rows and heads, and a likely cause.
 
 # %%
 def attention_mha(q, k, v, causal=False, scale=None):

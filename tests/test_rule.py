@@ -106,6 +106,26 @@ def test_compare_passes_and_fails_by_the_rules():
     assert compare(small * 1.05, small, 1.0, tag="[t]", rel_limit=None).ok
 
 
+def test_rule_3_scales_with_the_dtypes_rounding():
+    """Rule 3's limit is REL_LIMIT in fp16 and fp32 and 8x that in bf16 (three significand bits fewer): a bf16
+    result 1.5% off passes where rule 2 allows it; the same error in fp16 fails, and so does a bf16 result
+    past 8% or past twice PyTorch's own error."""
+    assert rule.rel_limit_of(torch.float16) == REL_LIMIT == rule.rel_limit_of(torch.float32)
+    assert rule.rel_limit_of(torch.bfloat16) == pytest.approx(8 * REL_LIMIT) and rule.rel_limit_of(None) == REL_LIMIT
+    ref = torch.linspace(-10, 10, 64, dtype=torch.float64).reshape(2, 32)
+    off = ref.clone()
+    off[0, 0] += 0.15                                        # 1.5e-2 of max|ref|
+    own = 0.1                                                # PyTorch's own error: rule 2 allows 0.201
+    b = compare(off.bfloat16(), ref, own, tag="[t]")
+    assert b.ok and b.rel_limit == pytest.approx(8e-2), b.error("x")
+    h = compare(off.half(), ref, own, tag="[t]")
+    assert h.failure == "values" and h.rel >= REL_LIMIT and "must be < 0.01" in str(h.error("x"))
+    far = ref.clone()
+    far[0, 0] += 0.9                                         # within rule 2 (own 1.0), past 8%
+    assert compare(far.bfloat16(), ref, 1.0, tag="[t]").failure == "values"
+    assert compare(off.bfloat16(), ref, 0.01, tag="[t]").failure == "values"   # past twice PyTorch's own
+
+
 def test_compare_empty_rows_must_hold_the_empty_value():
     ref = torch.randn(3, 4, dtype=torch.float64)
     ref[0] = 0.0

@@ -6,7 +6,7 @@ student per key; then the judge's own ``Judge._seed`` per test and check), the e
 cells, graded through ``autograder.judge.run_inprocess`` (the kernel side, the wire, the replay and
 the step's own checks, as a hidden cell is graded), score every point of each test run here, and
 no output comes nearer than a factor MIN_MARGIN to what the course's rule allows (``compare``:
-``allowed / max|out - ref|`` and ``REL_LIMIT / relative error``; ``check_lse``: its tolerance over
+``allowed / max|out - ref|`` and ``rel_limit / relative error``; ``check_lse``: its tolerance over
 the error, element by element). A regrade draws new inputs only when the workspace secret changes,
 and then a correct solution still passes.
 

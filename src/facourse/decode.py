@@ -34,7 +34,7 @@ from .bench import BenchResult
 from .configs import default_dtype, resolve_device
 from .hw import gpu_name, require_gpu
 from .reference import AttentionInputError, default_scale, kv_head_index
-from .rule import (ABS_SLACK, REL_LIMIT, AttentionCheckError, Mistake, check_lse, compare, describe_rows,
+from .rule import (ABS_SLACK, AttentionCheckError, Mistake, check_lse, compare, describe_rows, rel_limit_of,
                    diagnose, draw_seed, expect_tensor, guarded_call, is_collecting, make_tag, max_abs, say)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -473,9 +473,10 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
     allowed = torch.tensor([c.allowed for c in cmps], dtype=torch.float64)
     err = torch.tensor([c.max_err for c in cmps], dtype=torch.float64)
     worst = float(err.max())
-    if worst / top >= REL_LIMIT:                  # 1% of the batch's largest reference value
+    rel_limit = rel_limit_of(o.dtype)             # of the batch's largest reference value (1% in fp16)
+    if worst / top >= rel_limit:
         err_rows = (o.detach().to(ref.dtype) - ref).abs().amax(-1).nan_to_num(0.0)
-        bad = bad | (err_rows >= REL_LIMIT * top)
+        bad = bad | (err_rows >= rel_limit * top)
     if not bad.any():
         lse_err = check_lse(lse, ref_lse, q, tag, labels=LABELS)
         b = int(torch.argmax(err / allowed))                            # the sequence closest to its limit
@@ -500,7 +501,7 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
                 "merge of the splits")
     raise AttentionCheckError(f"{tag} o is off by up to {worst:.3g} (allowed {float(allowed.max()):.3g}: twice "
                               f"PyTorch's own error in each sequence, plus {ABS_SLACK:g}; relative "
-                              f"{worst / top:.3g}, must be < {REL_LIMIT:g}) at {_where(bad, L)}.\n"
+                              f"{worst / top:.3g}, must be < {rel_limit:g}) at {_where(bad, L)}.\n"
                               f"  likely cause: {cause}")
 
 

@@ -256,7 +256,7 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
   uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
   // a step masks when its query block starts below this (keys past Skv read as 0, their P must be 0 too):
   // one register, not three live across the loop
-  const bool causal = BM == 64 && p.causal;  // fa_bwd_block_m: blocks of 80 are never causal (one register fewer)
+  const bool causal = BM == 64 && p.causal;  // fa_bwd_block_m: blocks of 80 are never causal; no mask test there
   const int mask_below = key_wg + 64 > p.Skv ? INT_MAX : causal ? key_wg + 63 - off : INT_MIN;
   float dk[D / 2], dv[D / 2];
 #pragma unroll
