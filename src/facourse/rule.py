@@ -7,8 +7,9 @@ Every step's check is its cases, its inputs, its reference and its list of mista
   synchronised, and a :class:`CheckError` when an input tensor was modified;
 * :func:`compare` applies rules 1-3 to one output: finite where the reference is defined and
   exactly the empty value (0 or -inf) where it is empty; ``max|out - ref| <= 2 * own_rounding +
-  slack``; ``max|out - ref| / max|ref| < rel_limit_of(dtype)`` (REL_LIMIT in fp16). Under :func:`collecting` (the grading kernel,
-  whose judge replays the outputs elsewhere) it computes nothing and passes;
+  slack``; ``max|out - ref| / max|ref| < rel_limit_of(dtype)`` (REL_LIMIT in fp16). Under
+  :func:`collecting` (the grading kernel, whose judge replays the outputs elsewhere) it computes
+  nothing and passes;
 * a :class:`Mistake` is a classic bug: its cause, the outputs it produces and the outputs it breaks.
   :func:`diagnose` names one only when it explains every wrong output and breaks none that is right,
   with the one match criterion :func:`matches`;

@@ -13,7 +13,7 @@
 //     dP^T = V_w dO_i^T                WGMMA SS, 64 x BM                       }
 //     P^T  = 2^(S^T c - m2_i)          registers, under dP^T (c = scale log2 e; m2 = lse log2 e, v3's preprocess)
 //     dV_w += P^T dO_i                 WGMMA RS, dO MN-major: this warpgroup's operands only, so it runs under
-//                                      the next two lines and the barrier
+//                                      the next two lines and the barrier (at BM 80 issued after dS^T: registers)
 //     dS^T = P^T (dP^T - delta_i)      registers, and stored transposed (stmatrix), as dS [BM][128 keys]
 //     dQ_i^T = K_j^T dS_i^T            WGMMA SS from K (A MN-major) and dS (B K-major), after the barrier, so
 //                                      that BM is WGMMA's N (80 is no multiple of 64): at D 128 warpgroup w
@@ -34,7 +34,8 @@
 //
 // Built by v4_hopper.py with step 07's folder and its ladder/ on the include path and v4_hopper_binding.cpp,
 // for sm_90a. The forward of step 07 (fa_launch) comes with the include. The builds before this one and what
-// each was worth: benchmarks/results/2026-11-27_h200_step08_v4_probes.txt.
+// each was worth: benchmarks/results/2026-11-27_h200_step08_v4_probes.txt, and the blocks of 80 against 64:
+// 2026-11-28_h200_step08_v4_bm80_probes.txt.
 #include "student_kernel_solution.cu"
 #include "v4_hopper.h"
 

@@ -17,8 +17,9 @@ from .workloads import ROUTING_WORKLOADS, describe_workload, make_workload_input
 
 #: apply()'s tolerances (see :func:`apply_config`): the course's rule decides PASSED; these only
 #: have to let every trace that passed through. Rule 3 bounds max|o - ref| < REL_LIMIT · max|ref| in the
-#: workloads' fp16 (rule.rel_limit_of; 8x in bf16), which is what :func:`trace` records as the relative error; and max|ref| <= max|v| (each output
-#: row is a weighted mean of rows of v), with v drawn from N(0, 1) by make_inputs, below 10.
+#: workloads' fp16 (rule.rel_limit_of: 8x in bf16), which is what :func:`trace` records as the relative
+#: error; and max|ref| <= max|v| (each output row is a weighted mean of rows of v), with v drawn from
+#: N(0, 1) by make_inputs, below 10.
 APPLY_MAX_RTOL = REL_LIMIT
 APPLY_MAX_ATOL = 10 * REL_LIMIT
 
