@@ -87,7 +87,7 @@ def variants(flags: list[str]) -> None:
     fns = {"1": fns | det, "only": det}.get(os.environ.get("DET"), fns)
     for name, (fn, ext, sched) in fns.items():  # a schedule that drops or repeats work fails here, not in a timing
         use(ext, sched)
-        for case in ("medium", "mqa", "ragged", "asymmetric", "noncausal", "d64"):
+        for case in ("medium", "mqa", "ragged", "ragged_noncausal", "asymmetric", "noncausal", "d64"):
             try:
                 check_gradients(fn, case, device="cuda", dtype=torch.float16, verbose=False)
                 print(f"CHECK ok   {name} {case}", flush=True)
