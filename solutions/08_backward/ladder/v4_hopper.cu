@@ -35,8 +35,8 @@
 // Built by v4_hopper.py with step 07's folder and its ladder/ on the include path and v4_hopper_binding.cpp,
 // for sm_90a. The forward of step 07 (fa_launch) comes with the include. The builds before this one and what
 // each was worth: benchmarks/results/2026-11-27_h200_step08_v4_probes.txt, and the blocks of 80 against 64:
-// 2026-11-28_h200_step08_v4_bm80_probes.txt; dQ counted in the kernel (no zeroing, no conversion pass) and S^T
-// issued a step ahead, both slower: 2026-11-28_h200_step08_v4_dq_passes_probes.txt.
+// 2026-11-28_h200_step08_v4_bm80_probes.txt; dQ counted in the kernel (no zeroing, no conversion pass), S^T issued
+// a step ahead and persistent CTAs, all slower: 2026-11-28_h200_step08_v4_dq_passes_probes.txt.
 #include "student_kernel_solution.cu"
 #include "v4_hopper.h"
 
