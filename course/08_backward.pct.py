@@ -872,8 +872,14 @@ if gpu_or_skip("timing SDPA's backward"):
 # each thread wrote its fragments straight to $dQ$, two fp16 values at a time, so every warp's store
 # covered 8 rows × 16 bytes, half of each 32-byte sector it touched. Staged through shared memory and
 # written a whole row at a time, the same kernel takes half as long. Zeroing the fp32 buffer and the
-# preprocess (the row sums $D_i$) are the rest: memory-bound passes that a fused design would fold into
-# its neighbours.
+# preprocess (the row sums $D_i$) are the rest: memory-bound passes, on an H200 3.5% and 4.5% of the
+# backward on large, the conversion 5.8%, each already near the card's bandwidth
+# (`2026-11-28_h200_step08_v4_dq_passes_probes.txt`). Folding them into the kernel is not free: a
+# build that counted each tile's adds (the first key block stores, so nothing is zeroed; the last
+# reads the sum back and converts it) ran 1.25-1.39x slower, because the counters' round trips come
+# before the copy that frees the hand-over buffer, and because a non-causal tile is complete only when
+# its last key block passes, near the end of every CTA, where no tensor-core work is left to hide the
+# conversion under. FlashAttention-3 keeps the two small kernels too.
 #
 # **Keeping the tensor cores fed.** Nsight Compute on the main kernel at non-causal 16k on an H100
 # (`2026-11-28_h100_step08_v4_profile.txt`) found the tensor pipe busy 55 % of the time: about 4670
