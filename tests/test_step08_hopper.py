@@ -1,11 +1,11 @@
 """Step 08's rung v4_hopper: the backward on Hopper (CUDA, sm_90a) with step 07's forward, and its deterministic mode.
 
 CPU tier: nvcc compiles the rung for sm_90a with no spills and no C75xx note from ptxas (WGMMAs serialised, as a
-trap in the consumers' waits once caused with C7512, or a wait or fence ptxas inserted) in its four backward
-kernels, four dQ conversions and the four of step 07's forward it includes; its SASS has HGMMA and UTMALDG; the routing: a CPU tensor, fp32 or a head
-dimension the kernel does not take goes to v3's backward and step 05's forward, with the same arguments; with
-the Hopper path forced and the extension faked, the deterministic flag reaches the binding's backward, with v3's
-preprocess.
+trap in the consumers' waits once caused with C7512, or a wait or fence ptxas inserted) in its six backward
+kernels, six dQ conversions and the four of step 07's forward it includes; its SASS has HGMMA and UTMALDG; the
+routing: a CPU tensor, fp32 or a head dimension the kernel does not take goes to v3's backward and step 05's
+forward, with the same arguments; with the Hopper path forced and the extension faked, the deterministic flag
+reaches the binding's backward, with v3's preprocess.
 GPU tier (marked gpu, H100/H200 only): the course's gradient check on ragged, GQA, MQA, causal Sq > Skv and
 Sq < Skv, D 64, empty rows, fp16 and bf16, in both modes; the deterministic mode gives the same bits twice where
 the default's dQ (added in any order) may not.

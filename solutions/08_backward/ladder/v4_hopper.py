@@ -3,8 +3,9 @@ FlashAttention-3's plan for the backward (v4_hopper.cu says how), with step 07's
 
 One CTA per block of 128 keys keeps K_j, V_j in shared memory and walks the query blocks of 64 rows (80 at
 D 128 without a causal mask, as FlashAttention-3): its two consumer warpgroups compute S^T, P^T, dP^T, dS^T
-for 64 keys each, accumulate dK_j and dV_j in registers and hand their share of dQ_i to a writer thread, which adds it into an fp32 buffer with one bulk reduce-add
-(cp.reduce.async.bulk); a small kernel scales and converts it. ``deterministic=True`` makes the key blocks
+for 64 keys each, accumulate dK_j and dV_j in registers and hand their share of dQ_i to a writer thread,
+which adds it into an fp32 buffer with one bulk reduce-add (cp.reduce.async.bulk); a small kernel scales and
+converts it. ``deterministic=True`` makes the key blocks
 add into each dQ tile in a fixed order (a semaphore per tile), so two runs give the same bits.
 
 Routing, call by call: the CUDA kernels on an sm_90 GPU for fp16/bf16 and D 64 or 128; v3 (forward: step
