@@ -3,9 +3,9 @@ and of lectures 05 and 11 fits the shared memory of sm_80, sm_86, sm_89 and sm_9
 
 On the CPU, with Triton's compiler for each target (``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", CC, 32))``, no GPU), each kernel is compiled once per target and tile
-configuration, for head dims 64 and 128, and its ``metadata.shared`` (what the launcher asks the driver
-for, and what fails with OutOfResources on a smaller GPU) is compared with the target's per-block opt-in
-limit. The kernels come from the solution notebooks' cells (as tests/test_triton_step05.py loads them)
+configuration, for head dims 64 and 128, as far as LLVM IR (where Triton sets ``metadata.shared``: what
+the launcher asks the driver for, and what fails with OutOfResources on a smaller GPU), and that size is
+compared with the target's per-block opt-in limit. The kernels come from the solution notebooks' cells (as tests/test_triton_step05.py loads them)
 and from the ``@triton.jit`` functions of ``course/05_*.pct.py`` and ``course/11_*.pct.py`` (a lecture
 runs its checks at import, so only its kernels' definitions are taken). Lecture 05's ``triton.autotune``
 config list (stage 6) is compiled on the exercise's ``attn_fwd``, every config it can pick. The other
@@ -158,6 +158,18 @@ def lecture(step):
     body = ["\n".join(lines[n.decorator_list[0].lineno - 1:n.end_lineno]) for n in kernels]
     return module("lecture" + step, "import triton\nimport triton.language as tl\n\n\n" + "\n\n\n".join(body))
 
+class Lowered(Exception):    # raised in place of the PTX stage: the kernel is in LLVM IR, its shared memory known
+    pass
+
+def stop_at_llir(backend, stages, options, language, capability):
+    def ptx(mod, metadata):
+        raise Lowered(metadata["shared"], len(str(mod)))
+    stages["ptx"] = ptx
+
+# ptxas (the PTX and cubin stages) was 38% of the compile time and decides nothing here; a kernel in
+# Triton's cache would skip the stages, so none is read
+triton.knobs.runtime.add_stages_inspection_hook = stop_at_llir
+triton.knobs.compilation.always_compile = True
 modules, out = {}, {}
 for cid, c in cases.items():
     if c["source"] not in modules:
@@ -174,8 +186,12 @@ for cid, c in cases.items():
     for cc in (80, 86, 89, 90):
         src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
                                         constexprs={(names.index(k),): v for k, v in const.items()})
-        k = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=c["opts"])
-        out[cid][cc] = dict(shared=k.metadata.shared, cubin=len(k.asm.get("cubin", b"")))
+        try:
+            triton.compile(src, target=GPUTarget("cuda", cc, 32), options=c["opts"])
+        except Lowered as done:
+            out[cid][cc] = dict(shared=done.args[0], llir=done.args[1])
+        else:
+            raise RuntimeError("the stage hook did not run: Triton's stages changed")
 print(json.dumps(out))
 """
 
@@ -191,7 +207,7 @@ def _compile_all() -> dict:
 
 @lru_cache(maxsize=1)
 def compiled() -> dict:
-    """{case: {cc: {shared, cubin}}}: every case compiled once per target, in one subprocess (so that
+    """{case: {cc: {shared, llir}}}: every case compiled once per target to LLVM IR, in one subprocess (so that
     TRITON_INTERPRET=0 holds before triton is imported, whatever this process imported first). The
     result is kept in a file named by the hash of everything it depends on, under a lock: pytest-xdist
     workers that get some of these tests wait for one compile instead of each running their own."""
@@ -224,7 +240,7 @@ def _params():
 def test_fits_shared_memory(case, cc):
     """The kernel compiled for sm_CC asks for no more shared memory than one block may have there."""
     got = compiled()[case][cc]
-    assert got["cubin"] > 0, (case, cc, got)
+    assert got["llir"] > 0, (case, cc, got)
     assert got["shared"] <= LIMITS[cc], (
         f"{case} needs {got['shared']} bytes of shared memory on sm_{cc} ({GPUS[cc]}), "
         f"more than its {LIMITS[cc]} per block: a launch there fails with OutOfResources")
