@@ -207,8 +207,9 @@ case "$cmd" in
     # compile facourse and autograder again (about 0.4 CPU-seconds each).
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
     # glibc's malloc gives each freed block over 32 MB back to the kernel, which zeroes the pages of the
-    # next one: a sixth of the suite's CPU time went to page faults. Freed memory stays in the process
-    # instead (no mmap per block; the heap trimmed past 4 GB): 19 -> 13 CPU-s on test_planted_bugs_02.
+    # next one: the tests' CPU tensors spent much of their time in page faults. Freed memory stays in the
+    # process instead (no mmap per block; the heap trimmed past 4 GB): 43 -> 34 CPU-s for the 50 seeds
+    # of steps 02 and 04, 19 -> 13 for test_planted_bugs_02 (2 cores, 2026-12-01).
     export MALLOC_MMAP_MAX_=${MALLOC_MMAP_MAX_:-0} MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-4294967296}
     "$PY" -m compileall -q -j 0 src autograder tests > /dev/null || true
     exec "$PY" -m pytest -q -n "${PYTEST_WORKERS:-3}" --dist worksteal "$@" ;;

@@ -90,6 +90,10 @@ def test_written_answer_graded_in_the_formgrader(formgrader_lab):
 
             score = page.locator(f"input.score#{WRITTEN}")
             score.wait_for(timeout=60_000)
+            # the formgrader binds its save-on-change handlers once it has fetched the grades and the comments:
+            # a score typed before that is never saved (CI, 2026-12-01: the comment saved, the score did not)
+            page.wait_for_function("() => window.formgrader && formgrader.grades && formgrader.grades.loaded"
+                                   " && formgrader.comments && formgrader.comments.loaded", timeout=60_000)
             score.scroll_into_view_if_needed()
             score.fill("1.5")
             score.press("Tab")                      # the formgrader saves a score on change
