@@ -5,11 +5,11 @@ On the CPU, with Triton's compiler for each target (``triton.compile(ASTSource(.
 target=GPUTarget("cuda", CC, 32))``, no GPU), each kernel is compiled once per target and tile
 configuration, for head dims 64 and 128, as far as LLVM IR (where Triton sets ``metadata.shared``: what
 the launcher asks the driver for, and what fails with OutOfResources on a smaller GPU), and that size is
-compared with the target's per-block opt-in limit. The kernels come from the solution notebooks' cells (as tests/test_triton_step05.py loads them)
-and from the ``@triton.jit`` functions of ``course/05_*.pct.py`` and ``course/11_*.pct.py`` (a lecture
-runs its checks at import, so only its kernels' definitions are taken). Lecture 05's ``triton.autotune``
-config list (stage 6) is compiled on the exercise's ``attn_fwd``, every config it can pick. The other
-lectures define no Triton kernel.
+compared with the target's per-block opt-in limit. The kernels come from the solution notebooks' cells
+(as tests/test_triton_step05.py loads them) and from the ``@triton.jit`` functions of
+``course/05_*.pct.py`` and ``course/11_*.pct.py`` (a lecture runs its checks at import, so only its
+kernels' definitions are taken). Lecture 05's ``triton.autotune`` config list (stage 6) is compiled on
+the exercise's ``attn_fwd``, every config it can pick. The other lectures define no Triton kernel.
 
 A case that does not fit is marked ``xfail(strict=True)``: it documents the kernel's tiles, and the test
 fails (XPASS) once the kernel fits or picks its tiles from the GPU it runs on.
