@@ -50,9 +50,11 @@ PERF_CELLS = {"perf_large", "perf_long"}
 @needs_nvcc
 def test_every_kernel_compiles_for_sm90a_without_spills():
     """Rungs, solution and stub: all four instances (fp16/bf16 x D 64/128), 0 bytes spilled, and no C75xx note
-    (ptxas serialising WGMMAs or inserting its own waits)."""
+    (ptxas serialising WGMMAs or inserting its own waits). The rungs' device code alone: their host code is
+    the solution's harness, compiled with the solution and the stub."""
     def compile_one(path):
-        return path.name, nvcc_compile_check(path, "sm_90a", include_dirs=[LADDER, STEP], verbose=False)
+        return path.name, nvcc_compile_check(path, "sm_90a", include_dirs=[LADDER, STEP], verbose=False,
+                                             host=path.name.startswith("student_kernel"))
 
     assert len(LADDER_FILES) >= 4, LADDER_FILES
     with ThreadPoolExecutor(4) as pool:

@@ -170,6 +170,10 @@ def stop_at_llir(backend, stages, options, language, capability):
 # Triton's cache would skip the stages, so none is read
 triton.knobs.runtime.add_stages_inspection_hook = stop_at_llir
 triton.knobs.compilation.always_compile = True
+# make_llir reads the shared memory off the MLIR module ("ttg.shared"); LLVM's O3 pass on the module it
+# then translates (a third of what was left) changes nothing here
+from triton._C.libtriton import llvm as triton_llvm
+triton_llvm.optimize_module = lambda *args, **kwargs: None
 modules, out = {}, {}
 for cid, c in cases.items():
     if c["source"] not in modules:

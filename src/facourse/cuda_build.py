@@ -224,13 +224,15 @@ def nvcc_errors(log: str) -> list[str]:
 
 
 def nvcc_compile_check(source, arch: str = "sm_80", extra=(), include_dirs=(), nvcc: str | None = None,
-                       timeout: float = 300, verbose: bool = True) -> CompileReport:
+                       timeout: float = 300, verbose: bool = True, host: bool = True) -> CompileReport:
     """Compile ``source`` (a path to a .cu file, or CUDA source text) to an object file for ``arch``
-    with ``-Xptxas -v``; return (and print, when ``verbose``) errors, registers, spills, smem."""
+    with ``-Xptxas -v``; return (and print, when ``verbose``) errors, registers, spills, smem.
+    ``host=False`` compiles the device code alone (``-cubin``: no host compiler, about a third faster)."""
     nvcc = _find_nvcc(nvcc) or "nvcc"
     with tempfile.TemporaryDirectory(prefix="facourse_nvcc_") as tmp:
         src, dirs = _source_file(source, tmp, include_dirs)
-        cmd = [nvcc, "-c", str(src), "-o", str(Path(tmp) / "out.o"), gencode_flag(arch), "-std=c++17", "-O3",
+        out = ["-c", str(src), "-o", str(Path(tmp) / "out.o")] if host else ["-cubin", str(src), "-o", str(Path(tmp) / "out.cubin")]
+        cmd = [nvcc, *out, gencode_flag(arch), "-std=c++17", "-O3",
                "-Xptxas", "-v", *[f"-I{d}" for d in dirs], *extra]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -396,6 +396,9 @@ FA_HOT inline uint16_t fa_smem16(uint32_t a) {
   std::memcpy(&v, fa_shared_ptr(fa_swizzle128(a), 2, "a WGMMA operand"), 2);
   return v;
 }
+__attribute__((always_inline)) inline float fa_operand(const FaGemm& g, uint16_t b) {  // a lambda would run at -O0
+  return g.bf16 ? fa_bf2f(b) : fa_h2f(b);
+}
 // Thread (warp w of its warpgroup, lane l) computes its accumulator elements of one product.
 FA_HOT inline void fa_gemm_run(const FaGemm& g, const std::vector<FaGemm>* lanes[32], size_t index) {
   const int w = fa_warp_of() % 4, l = fa_lane;
@@ -407,24 +410,31 @@ FA_HOT inline void fa_gemm_run(const FaGemm& g, const std::vector<FaGemm>* lanes
   if (g.rs && std::memcmp(g.a, g.a_src, 16) != 0)
     fa_fail(fa_str("%s: the A registers of a wgmma_rs (P) were changed before the wgmma_wait that ends the product: "
                    "they are an operand in flight (convert the next P only after that wait)", fa_who().c_str()));
-  auto value = [&](uint16_t b) { return g.bf16 ? fa_bf2f(b) : fa_h2f(b); };
-  for (int i = 0; i < g.n / 2; ++i) {
-    const int row = 16 * w + (l >> 2) + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * (l & 3) + (i & 1);
-    float sum = 0.f;
+  float a[2][16];      // the thread's two rows of A (rows 8 apart), read once for all its columns
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * w + (l >> 2) + 8 * h;
     for (int k = 0; k < 16; ++k) {
-      float a;
       if (!g.rs) {
-        a = value(fa_smem16(A.start + (row / 8) * A.stride + (row % 8) * 128 + 2 * k));
+        a[h][k] = fa_operand(g, fa_smem16(A.start + (row / 8) * A.stride + (row % 8) * 128 + 2 * k));
       } else {   // the mma.sync A fragment of the warp's 16 rows
         const int r16 = row - 16 * w, src = 4 * (r16 % 8) + (k % 8) / 2, reg = (r16 >= 8) + 2 * (k >= 8);
         const FaGemm& o = (*lanes[src])[index];
-        a = value((uint16_t)((k & 1) ? o.a[reg] >> 16 : o.a[reg] & 0xffffu));
+        a[h][k] = fa_operand(g, (uint16_t)((k & 1) ? o.a[reg] >> 16 : o.a[reg] & 0xffffu));
       }
-      const uint32_t b = g.tb ? B.start + (k / 8) * B.stride + (k % 8) * 128 + (col / 64) * B.lead + (col % 64) * 2
-                              : B.start + (col / 8) * B.stride + (col % 8) * 128 + 2 * k;
-      sum += a * value(fa_smem16(b));
     }
-    g.d[i] = (g.acc ? g.d[i] : 0.f) + sum;
+  }
+  for (int i = 0; i < g.n / 2; ++i) {
+    if ((i >> 1) & 1) continue;   // accumulators i and i + 2 share a column (rows 8 apart): both done at i
+    const int col = 8 * (i >> 2) + 2 * (l & 3) + (i & 1);
+    float b[16];
+    for (int k = 0; k < 16; ++k)
+      b[k] = fa_operand(g, fa_smem16(g.tb ? B.start + (k / 8) * B.stride + (k % 8) * 128 + (col / 64) * B.lead + (col % 64) * 2
+                                  : B.start + (col / 8) * B.stride + (col % 8) * 128 + 2 * k));
+    for (int h = 0; h < 2; ++h) {
+      float sum = 0.f;
+      for (int k = 0; k < 16; ++k) sum += a[h][k] * b[k];
+      g.d[i + 2 * h] = (g.acc ? g.d[i + 2 * h] : 0.f) + sum;
+    }
   }
 }
 inline void fa_gemm_wait(int n) {

@@ -43,14 +43,23 @@ struct __nv_bfloat162 { __nv_bfloat16 x, y; };
 using half = __half;
 using nv_bfloat16 = __nv_bfloat16;
 inline uint16_t fa_f2h(float f) { _Float16 h = (_Float16)f; uint16_t b; std::memcpy(&b, &h, 2); return b; }
-inline float fa_h2f(uint16_t b) { _Float16 h; std::memcpy(&h, &b, 2); return (float)h; }
+// fp16 -> float by table: without F16C, g++ turns (float)_Float16 into a libgcc call, which took a third
+// of the Hopper emulator's time (its GEMMs convert every operand)
+struct FaHalfTable {
+  float f[65536];
+  FaHalfTable() {
+    for (uint32_t b = 0; b < 65536; ++b) { const uint16_t x = (uint16_t)b; _Float16 h; std::memcpy(&h, &x, 2); f[b] = (float)h; }
+  }
+};
+inline const FaHalfTable fa_half_table;
+__attribute__((always_inline)) inline float fa_h2f(uint16_t b) { return fa_half_table.f[b]; }
 inline uint16_t fa_f2bf(float f) {
   uint32_t u; std::memcpy(&u, &f, 4);
   if (std::isnan(f)) return 0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
-inline float fa_bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+__attribute__((always_inline)) inline float fa_bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
 inline __half __float2half(float f) { return {fa_f2h(f)}; }
 inline __half __float2half_rn(float f) { return {fa_f2h(f)}; }
 inline float __half2float(__half h) { return fa_h2f(h.__x); }
