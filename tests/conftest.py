@@ -29,6 +29,30 @@ def pip_install(*requirements: str, timeout: float = 900):
                                *requirements], capture_output=True, text=True, timeout=timeout)
 
 
+def computed_once(key: str, compute):
+    """``compute()`` (JSON data), computed by the first test process that asks for ``key`` and read by the
+    others: it waits under a file lock for the file named by ``key``'s hash (in the temporary folder). A
+    module-scoped fixture runs once in every pytest-xdist worker that gets one of the module's tests, and
+    worksteal spreads a module over the workers: a fixture that costs a minute ran up to four times."""
+    import fcntl
+    import hashlib
+    import tempfile
+    out = Path(tempfile.gettempdir()) / f"facourse_once_{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            tmp = out.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(compute()))
+            tmp.replace(out)
+        return json.loads(out.read_text())
+
+
+def this_run() -> str:
+    """What names this test run in ``computed_once`` keys: pytest-xdist's run id, shared by its workers (a
+    run without workers is one process: its pid)."""
+    return os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid {os.getpid()}"
+
+
 def load_module(path: Path, name: str | None = None):
     """The Python file at ``path`` as a fresh module (ladder files and scripts are not packages)."""
     spec = importlib.util.spec_from_file_location(name or path.stem, path)

@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, computed_once, this_run
 
 PRELUDE = """\
 import importlib.util, json, math, sys, time, traceback
@@ -35,14 +35,19 @@ def report(**kw):
 
 
 def run_in_interpreter(ladder: Path, prefix: str, body: str) -> list[dict]:
-    """The results ``body`` reported, run after the prelude (rungs loaded as modules ``prefix + name``)."""
+    """The results ``body`` reported, run after the prelude (rungs loaded as modules ``prefix + name``); once
+    per test run, whichever workers ask (conftest.computed_once)."""
     script = PRELUDE.format(ladder=str(ladder), prefix=prefix) + textwrap.dedent(body)
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    out = [json.loads(ln[len("RESULT "):]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and out, r.stdout[-3000:] + r.stderr[-3000:]
-    return out
+
+    def run() -> list[dict]:
+        env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+        r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600)
+        out = [json.loads(ln[len("RESULT "):]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert r.returncode == 0 and out, r.stdout[-3000:] + r.stderr[-3000:]
+        return out
+    return computed_once(this_run() + "\0" + script, run)
 
 
 def one_result(results: list[dict], **key) -> dict:

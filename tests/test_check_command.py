@@ -14,10 +14,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from conftest import ROOT, fill, solution_code
+from conftest import ROOT, computed_once, fill, solution_code, this_run
 from test_diagnoses import A3, A4, GE, _check_grads, _step08_inputs, functions, mutate
 
 nbformat = pytest.importorskip("nbformat")
@@ -92,10 +93,15 @@ def test_08_every_diagnosis_prints_its_cause_first():
 
 # ----------------------------------------------------------------------------- the command itself
 @pytest.fixture(scope="module")
-def checked(tmp_path_factory) -> subprocess.CompletedProcess:
+def checked(tmp_path_factory) -> SimpleNamespace:
     """`./course.sh check 02 06` in a copy of the student's layout: exercise 02 with the classic
-    mistake of no max subtraction, exercise 06 as released (its GPU test skips on a CPU)."""
-    root = tmp_path_factory.mktemp("checkout")
+    mistake of no max subtraction, exercise 06 as released (its GPU test skips on a CPU); its
+    returncode, stdout and stderr, once per test run (conftest.computed_once)."""
+    return SimpleNamespace(**computed_once(this_run() + "\0course.sh check 02 06",
+                                           lambda: _check(tmp_path_factory.mktemp("checkout"))))
+
+
+def _check(root: Path) -> dict:
     shutil.copy(ROOT / "course.sh", root / "course.sh")
     for a in ("02_safe_softmax", "06_cuda_flash_attention"):
         shutil.copytree(ROOT / "exercises" / a, root / "exercises" / a)
@@ -107,8 +113,9 @@ def checked(tmp_path_factory) -> subprocess.CompletedProcess:
                OMP_NUM_THREADS="1")
     for var in ("TRITON_INTERPRET", "FACOURSE_JUDGE"):
         env.pop(var, None)
-    return subprocess.run(["./course.sh", "check", "02", "06"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=600)
+    r = subprocess.run(["./course.sh", "check", "02", "06"], cwd=root, env=env, capture_output=True,
+                       text=True, timeout=600)
+    return {"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
 
 
 def test_check_prints_the_cause_on_the_failures_first_line(checked):

@@ -16,21 +16,19 @@ fails (XPASS) once the kernel fits or picks its tiles from the GPU it runs on.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, computed_once
 
 # Maximum shared memory per thread block, with the cudaFuncSetAttribute opt-in that Triton's launcher
 # does, in bytes: NVIDIA, CUDA C++ Programming Guide, "Compute Capabilities", technical specifications
@@ -212,21 +210,13 @@ def _compile_all() -> dict:
 @lru_cache(maxsize=1)
 def compiled() -> dict:
     """{case: {cc: {shared, llir}}}: every case compiled once per target to LLVM IR, in one subprocess (so that
-    TRITON_INTERPRET=0 holds before triton is imported, whatever this process imported first). The
-    result is kept in a file named by the hash of everything it depends on, under a lock: pytest-xdist
-    workers that get some of these tests wait for one compile instead of each running their own."""
+    TRITON_INTERPRET=0 holds before triton is imported, whatever this process imported first), for every
+    worker (conftest.computed_once), keyed by the hash of everything it depends on: a run after reuses it."""
     h = hashlib.sha256(importlib.metadata.version("triton").encode())
     for path in (Path(__file__), *sorted((ROOT / "course").glob("*.pct.py")),
                  ROOT / "src" / "facourse" / "variants.py", *sorted((ROOT / "solutions").glob("*/*.ipynb"))):
         h.update(path.read_bytes())
-    out = Path(tempfile.gettempdir()) / f"facourse_triton_targets_{h.hexdigest()[:20]}.json"
-    with open(out.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not out.exists():
-            tmp = out.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(_compile_all()))
-            tmp.replace(out)
-        got = json.loads(out.read_text())
+    got = computed_once("triton targets " + h.hexdigest(), _compile_all)
     return {cid: {int(cc): v for cc, v in per.items()} for cid, per in got.items()}
 
 
