@@ -231,7 +231,8 @@ def nvcc_compile_check(source, arch: str = "sm_80", extra=(), include_dirs=(), n
     nvcc = _find_nvcc(nvcc) or "nvcc"
     with tempfile.TemporaryDirectory(prefix="facourse_nvcc_") as tmp:
         src, dirs = _source_file(source, tmp, include_dirs)
-        out = ["-c", str(src), "-o", str(Path(tmp) / "out.o")] if host else ["-cubin", str(src), "-o", str(Path(tmp) / "out.cubin")]
+        out = ["-c", str(src), "-o", str(Path(tmp) / "out.o")] if host else \
+            ["-cubin", str(src), "-o", str(Path(tmp) / "out.cubin")]
         cmd = [nvcc, *out, gencode_flag(arch), "-std=c++17", "-O3",
                "-Xptxas", "-v", *[f"-I{d}" for d in dirs], *extra]
         try:

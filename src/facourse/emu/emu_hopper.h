@@ -427,9 +427,11 @@ FA_HOT inline void fa_gemm_run(const FaGemm& g, const std::vector<FaGemm>* lanes
     if ((i >> 1) & 1) continue;   // accumulators i and i + 2 share a column (rows 8 apart): both done at i
     const int col = 8 * (i >> 2) + 2 * (l & 3) + (i & 1);
     float b[16];
-    for (int k = 0; k < 16; ++k)
-      b[k] = fa_operand(g, fa_smem16(g.tb ? B.start + (k / 8) * B.stride + (k % 8) * 128 + (col / 64) * B.lead + (col % 64) * 2
-                                  : B.start + (col / 8) * B.stride + (col % 8) * 128 + 2 * k));
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t at = g.tb ? B.start + (k / 8) * B.stride + (k % 8) * 128 + (col / 64) * B.lead + (col % 64) * 2
+                               : B.start + (col / 8) * B.stride + (col % 8) * 128 + 2 * k;
+      b[k] = fa_operand(g, fa_smem16(at));
+    }
     for (int h = 0; h < 2; ++h) {
       float sum = 0.f;
       for (int k = 0; k < 16; ++k) sum += a[h][k] * b[k];

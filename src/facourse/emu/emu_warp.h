@@ -48,7 +48,12 @@ inline uint16_t fa_f2h(float f) { _Float16 h = (_Float16)f; uint16_t b; std::mem
 struct FaHalfTable {
   float f[65536];
   FaHalfTable() {
-    for (uint32_t b = 0; b < 65536; ++b) { const uint16_t x = (uint16_t)b; _Float16 h; std::memcpy(&h, &x, 2); f[b] = (float)h; }
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const uint16_t x = (uint16_t)b;
+      _Float16 h;
+      std::memcpy(&h, &x, 2);
+      f[b] = (float)h;
+    }
   }
 };
 inline const FaHalfTable fa_half_table;
@@ -59,7 +64,9 @@ inline uint16_t fa_f2bf(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
-__attribute__((always_inline)) inline float fa_bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+__attribute__((always_inline)) inline float fa_bf2f(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
 inline __half __float2half(float f) { return {fa_f2h(f)}; }
 inline __half __float2half_rn(float f) { return {fa_f2h(f)}; }
 inline float __half2float(__half h) { return fa_h2f(h.__x); }
