@@ -4,7 +4,8 @@ The interpreter swaps triton.language's functions at every call of a ``@triton.j
 course swaps them once per launch and module instead. A kernel calling helpers (its own, and
 triton.language's standard ones such as tl.sum) in a loop must give the same result with and without
 that change, swap each module at most once per launch with it, and leave triton.language as it found it
-after each launch.
+after each launch. Its lighter frontend (a tuple's type worked out when first read, NumPy dtypes from one
+table) must give the same results, types and dtypes as Triton's own.
 """
 from __future__ import annotations
 
@@ -75,3 +76,59 @@ def test_helpers_swap_the_language_once_per_launch():
     assert course["swaps"] <= 2 * 3, course["swaps"]
     # Triton alone swaps again at each helper call: 3 programs x 4 iterations x (relu2, tl.sum, ...)
     assert triton_own["swaps"] >= 3 * 4 * 2 * 2, triton_own["swaps"]
+
+
+FRONTEND = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+    orig_np_dtype = interp._get_np_dtype
+    if sys.argv[1] == "triton":                       # Triton's own behaviour: the course's change off
+        tl.core.tuple.__init__.lazy_type = True
+    from facourse.triton_setup import interpret_without_gpu
+    interpret_without_gpu()
+    import torch
+    import triton
+
+    @triton.jit
+    def stats(x):
+        return tl.max(x, 0), tl.sum(x, 0)
+
+    @triton.jit
+    def kernel(X, Y, N: tl.constexpr):
+        pid = tl.program_id(0)
+        x = tl.load(X + pid * N + tl.arange(0, N))
+        tl.static_assert(x.shape[0] == N)
+        pair = stats(x)
+        m, s = pair
+        both = (m, s) + (pair[1],)
+        tl.store(Y + pid * N + tl.arange(0, N), x * both[0] - both[1] + both[2])
+
+    x = torch.randn(3 * 16, generator=torch.Generator().manual_seed(0))
+    y = torch.empty_like(x)
+    kernel[(3,)](x, y, 16)
+    t = tl.tuple([tl.constexpr(4), tl.constexpr(8)])
+    lazy = "type" not in t.__dict__
+    kinds = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.int32, tl.uint32, tl.int64, tl.float16, tl.bfloat16,
+             tl.float32, tl.float64, tl.float8e4nv, tl.float8e5]
+    kinds += [tl.block_type(k, [16, 4]) for k in kinds] + [tl.pointer_type(tl.float16),
+                                                            tl.block_type(tl.pointer_type(tl.float32), [8])]
+    dtypes = [str(interp._get_np_dtype(k)) == str(orig_np_dtype(k)) for k in kinds]
+    print(json.dumps({"out": y.tolist(), "lazy": lazy, "type": str(t.type),
+                      "dtypes": all(dtypes)}))
+""")
+
+
+def test_the_frontend_is_lighter_and_computes_the_same():
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    res = {}
+    for mode in ("course", "triton"):
+        r = subprocess.run([sys.executable, "-c", FRONTEND, mode], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        res[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+    course, triton_own = res["course"], res["triton"]
+    assert course["out"] == triton_own["out"]
+    assert course["type"] == triton_own["type"], "a tuple's type read later differs from the one Triton makes"
+    assert course["dtypes"], "a NumPy dtype differs from Triton's"
+    assert course["lazy"] and not triton_own["lazy"], "the tuple's type was worked out when it was made"

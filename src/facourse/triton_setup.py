@@ -42,6 +42,7 @@ def interpret_without_gpu() -> bool:
         return False
     _index_scalars_by_element()
     _patch_language_once_per_launch()
+    _lighter_frontend()
     return True
 
 
@@ -109,3 +110,50 @@ def _index_scalars_by_element() -> None:
 
     patched.fixed = True
     interp._patch_lang_tensor = patched
+
+
+def _lighter_frontend() -> None:
+    """Two costs of Triton 3.6's frontend that its interpreter pays on every operation of every program
+    (a quarter of the CPU time of the course's interpreted kernels): ``tl.tuple`` works out its type when it is
+    made (one for every tensor's shape, most never read), and ``_get_np_dtype`` builds a dict of NumPy
+    dtypes at every call. Here a tuple's type is worked out when first read, from the same values, and
+    the dtypes are looked up in one dict; every result is Triton's."""
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as interp
+
+    core = tl.core
+    if getattr(core.tuple.__init__, "lazy_type", False):
+        return
+
+    class LazyType:                   # a non-data descriptor: an assigned type lives in the instance
+        def __get__(self, obj, cls=None):
+            if obj is None:
+                return self
+            obj.__dict__["type"] = t = core._type_for_tuple_values(obj.values)
+            return t
+
+    def tuple_init(self, args, type=None):
+        self.values = [i for i in args]
+        if isinstance(type, core.tuple_type):
+            self.type = type
+        elif type is not None:
+            self.type = core.tuple_type(type)
+
+    tuple_init.lazy_type = True
+    core.tuple.type = LazyType()
+    core.tuple.__init__ = tuple_init
+
+    orig = interp._get_np_dtype
+    table: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, tl.block_type):
+            tt_dtype = tt_dtype.element_ty
+        if isinstance(tt_dtype, tl.pointer_type):
+            return np.dtype(np.uint64)
+        if tt_dtype not in table:
+            table[tt_dtype] = orig(tt_dtype)
+        return table[tt_dtype]
+
+    interp._get_np_dtype = get_np_dtype
