@@ -113,11 +113,11 @@ def _index_scalars_by_element() -> None:
 
 
 def _lighter_frontend() -> None:
-    """Two costs of Triton 3.6's frontend that its interpreter pays on every operation of every program
-    (a quarter of the CPU time of the course's interpreted kernels): ``tl.tuple`` works out its type when it is
-    made (one for every tensor's shape, most never read), and ``_get_np_dtype`` builds a dict of NumPy
-    dtypes at every call. Here a tuple's type is worked out when first read, from the same values, and
-    the dtypes are looked up in one dict; every result is Triton's."""
+    """Two costs of Triton 3.6's frontend that its interpreter pays on every operation of every
+    program (a quarter of the CPU time of the course's interpreted kernels): ``tl.tuple`` works out its
+    type when it is made (one for every tensor's shape, most never read), and ``_get_np_dtype`` builds a
+    dict of NumPy dtypes at every call. Here a tuple's type is worked out when first read, from the same
+    values, and the dtypes are looked up in one dict; every result is Triton's."""
     import numpy as np
     import triton.language as tl
     import triton.runtime.interpreter as interp
