@@ -110,12 +110,13 @@ FRONTEND = textwrap.dedent("""
     kernel[(3,)](x, y, 16)
     t = tl.tuple([tl.constexpr(4), tl.constexpr(8)])
     lazy = "type" not in t.__dict__
+    named = tl.tuple([tl.constexpr(1)], tl.core.tuple_type([tl.core.constexpr_type(1)], ["a"]))
     kinds = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.int32, tl.uint32, tl.int64, tl.float16, tl.bfloat16,
              tl.float32, tl.float64, tl.float8e4nv, tl.float8e5]
     kinds += [tl.block_type(k, [16, 4]) for k in kinds] + [tl.pointer_type(tl.float16),
                                                             tl.block_type(tl.pointer_type(tl.float32), [8])]
     dtypes = [str(interp._get_np_dtype(k)) == str(orig_np_dtype(k)) for k in kinds]
-    print(json.dumps({"out": y.tolist(), "lazy": lazy, "type": str(t.type),
+    print(json.dumps({"out": y.tolist(), "lazy": lazy, "type": str(t.type), "named": str(named.type),
                       "dtypes": all(dtypes)}))
 """)
 
@@ -130,5 +131,6 @@ def test_the_frontend_is_lighter_and_computes_the_same():
     course, triton_own = res["course"], res["triton"]
     assert course["out"] == triton_own["out"]
     assert course["type"] == triton_own["type"], "a tuple's type read later differs from the one Triton makes"
+    assert course["named"] == triton_own["named"] == "[a:constexpr_type[1]]", "a tuple lost the type it was given"
     assert course["dtypes"], "a NumPy dtype differs from Triton's"
     assert course["lazy"] and not triton_own["lazy"], "the tuple's type was worked out when it was made"
