@@ -70,9 +70,65 @@ def test_blocking_ring_without_an_order_is_stopped(monkeypatch):
 
     monkeypatch.setattr(v2, "pass_on", every_rank_sends_first)
     t0 = time.monotonic()
-    with pytest.raises(RingError, match="had not returned after 3 s"):
+    with pytest.raises(RingError, match="had not returned after 3 s") as err:
         check_ring(v2.ring_attention, "w2_causal", layout="contiguous", timeout=3, verbose=False)
     assert time.monotonic() - t0 < 20
+    line = every_rank_sends_first.__code__.co_firstlineno + 2       # its first dist.send
+    assert f"where: rank 0 in send, from line {line} of every_rank_sends_first; rank 1 in send" in str(err.value)
+
+
+def _spinning(seconds, then=None):
+    """A ring whose ranks first use the CPU for ``seconds`` (a loaded machine, slow code), then run ``then``."""
+    def ring_attention(q, k, v, causal=False, scale=None, group=None):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            pass
+        return then(q, k, v, causal=causal, scale=scale, group=group)
+    return ring_attention
+
+
+def test_a_slow_world_is_not_a_stuck_one():
+    """Past its time limit a world whose ranks still use the CPU goes on (a loaded machine is slow, not
+    deadlocked), up to HARD_LIMIT times the limit; spinning past that, the cause named is the work."""
+    from facourse.ring import HARD_LIMIT
+    check_ring(_spinning(3.0, _rung(SOLUTION).ring_attention), "w2_causal", timeout=1.5, verbose=False)
+    t0 = time.monotonic()
+    with pytest.raises(RingError, match=r"had not returned after \d+ s \(still busy after 1 s\)") as err:
+        check_ring(_spinning(3600), "w2_causal", timeout=1, verbose=False)
+    assert HARD_LIMIT <= time.monotonic() - t0 < HARD_LIMIT + 10
+    assert "likely cause: ranks still computing" in str(err.value) and "rank 0 in ring_attention" in str(err.value)
+
+
+def _slow_to_join(monkeypatch, tmp_path, times: int):
+    """Rank 0 of the first ``times`` worlds hangs in dist.init_process_group (as the forked ranks call
+    it), so that no rank of those worlds joins its group; each world's rank 0 leaves a file."""
+    import torch.distributed as dist
+    real = dist.init_process_group
+
+    def init(*args, **kwargs):
+        if kwargs["rank"] == 0:
+            started = len(list(tmp_path.glob("world*")))
+            (tmp_path / f"world{started}").touch()
+            if started < times:
+                time.sleep(3600)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", init)
+
+
+def test_a_world_that_does_not_form_is_started_again(monkeypatch, tmp_path):
+    """Ranks that had not joined their group at the time limit ran nothing of the ring: the machine
+    failed, so the world starts once more, and a correct ring passes."""
+    _slow_to_join(monkeypatch, tmp_path, times=1)
+    check_ring(_rung(SOLUTION).ring_attention, "w2_causal", timeout=3, verbose=False)
+    assert len(list(tmp_path.glob("world*"))) == 2
+
+
+def test_a_world_that_never_forms_blames_the_machine(monkeypatch, tmp_path):
+    _slow_to_join(monkeypatch, tmp_path, times=2)
+    with pytest.raises(RingError, match=r"rank\(s\) \[0, 1\] of 2 had not joined the process group after 3 s: "
+                                        r"the machine .* not the ring \(started 2 times\)"):
+        check_ring(_rung(SOLUTION).ring_attention, "w2_causal", timeout=3, verbose=False)
 
 
 def test_manifest_matches_the_ladder():

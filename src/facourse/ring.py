@@ -17,18 +17,23 @@ The sharding rule (what rank r holds), the one the exercise states:
 
 What runs the ranks here: :func:`run_ring` forks one process per rank on this machine, joins them
 in a ``gloo`` group, gives each its shards, and gathers the outputs into the global order; a rank
-that raises or a world that does not finish within a time limit is stopped and named, so that a
-deadlock costs its time limit and never hangs a notebook or the grader. :func:`on_ring` turns a
-ring attention into an ordinary attention function of global q, k, v (what the check calls), and
-:func:`check_ring` checks it with the course's one rule, naming the ranks and chunks whose rows
-are wrong and, where it recognises one, the ring mistake that gives exactly this output.
+that raises or a world that does not finish within a time limit is stopped and named (with the line
+where each rank waits), so that a deadlock costs its time limit and never hangs a notebook or the
+grader; a world whose ranks never joined their group is the machine's failure and starts again.
+:func:`on_ring` turns a ring attention into an ordinary attention function of global q, k, v (what
+the check calls), and :func:`check_ring` checks it with the course's one rule, naming the ranks and
+chunks whose rows are wrong and, where it recognises one, the ring mistake that gives exactly this
+output.
 """
 from __future__ import annotations
 
+import faulthandler
 import io
 import multiprocessing
 import os
 import pickle
+import re
+import signal
 import tempfile
 import time
 import traceback
@@ -148,10 +153,14 @@ def _count_traffic(traffic: dict) -> None:
                 setattr(ProcessGroup, name, counted(name, kind, method))
 
 
-def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeout):
-    """One rank, in a forked process: join the group, run ``fn`` on the shards, send the result."""
+def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeout, stage, stack_path):
+    """One rank, in a forked process: join the group, run ``fn`` on the shards, send the result.
+    ``stage[rank]`` says how far it got (0 joining the group, 1 in ``fn``); SIGUSR1 writes its Python
+    stack to ``stack_path`` (what :func:`run_ring` shows of a rank that does not return)."""
     import torch.distributed as dist
 
+    stack_file = open(stack_path, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     torch.set_num_threads(1)
     out = io.StringIO()
     traffic: dict = {}
@@ -162,6 +171,7 @@ def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeou
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                     timeout=timedelta(seconds=timeout + 5))
             _count_traffic(traffic)
+            stage[rank] = 1
             result = fn(q, k, v, causal=causal, scale=scale, group=None)
         payload = {"ok": True, "result": result}
     except BaseException:                       # noqa: BLE001 -- any failure is the rank's report
@@ -215,48 +225,104 @@ def _receive(conn, r: int, procs) -> dict:
                          "crash or a kill)"}
 
 
+#: A world still using the CPU at its time limit is slow (a loaded machine), not stuck: it may run up to this
+#: many times the limit. One whose ranks used less than _IDLE_CPU seconds in the last second is stuck.
+HARD_LIMIT = 4
+_IDLE_CPU = 0.05
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (Linux's /proc); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+#: A world whose ranks had not all joined their group by the time limit is started this many times more:
+#: nothing of the ring had run in them, so the machine failed (forking, the store, gloo's set-up), not the ring.
+SETUP_RETRIES = 1
+
+
+class _GroupNotFormed(RingError):
+    pass
+
+
 def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
              timeout: float | None = None, layout: str | None = None) -> RingRun:
     """Run ``fn(q_r, k_r, v_r, causal=, scale=, group=None)`` on ``world`` ranks (forked processes,
     a ``gloo`` group), each on its shards of the global q, k, v; gather what each returned.
 
     Raises :class:`RingError` naming the rank when one raises (its traceback and output shown),
-    and naming the ranks still running when the world is not done within ``timeout`` seconds.
+    and naming the ranks still running, and where each waits, when the world is not done within
+    ``timeout`` seconds. A world that had not formed its group by then is started again
+    (:data:`SETUP_RETRIES`): that is the machine's failure, and never costs the ring its grade.
     """
     if world < 1:
         raise ValueError(f"world must be at least 1, got {world}")
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     shards = [shard(t.detach(), world, causal, layout=layout) for t in (q, k, v)]
+    for attempt in range(SETUP_RETRIES + 1):
+        try:
+            return _run_world(fn, world, shards, causal, scale, timeout)
+        except _GroupNotFormed as err:
+            if attempt == SETUP_RETRIES:
+                raise RingError(f"{err} (started {SETUP_RETRIES + 1} times)") from None
+
+
+def _run_world(fn, world, shards, causal, scale, timeout) -> RingRun:
     ctx = multiprocessing.get_context("fork")
+    stage = ctx.RawArray("b", world)
     with tempfile.TemporaryDirectory(prefix="ring_") as tmp:
         store_path = os.path.join(tmp, "store")
+        stacks = [os.path.join(tmp, f"stack{r}") for r in range(world)]
         procs, conns = [], {}
         try:
             for r in range(world):
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_rank_main, daemon=True,
                                 args=(fn, r, world, store_path, shards[0][r], shards[1][r], shards[2][r],
-                                      causal, scale, send_end, timeout))
+                                      causal, scale, send_end, timeout, stage, stacks[r]))
                 p.start()
                 send_end.close()
                 procs.append(p)
                 conns[recv_end] = r
             payloads: dict[int, dict] = {}
-            deadline = time.monotonic() + timeout
+            t0 = time.monotonic()
+            deadline, cpu = t0 + timeout, None
             while conns:
                 left = deadline - time.monotonic()
                 ready = wait_any(list(conns), timeout=max(left, 0)) if left > 0 else []
                 if not ready:
                     running = sorted(conns.values())
+                    # past the limit, a world whose ranks still use the CPU is slow, not stuck: look again
+                    # each second, up to HARD_LIMIT times the limit
+                    now, last, cpu = time.monotonic(), cpu, {r: _cpu_seconds(procs[r].pid) for r in running}
+                    busy = last is not None and any(cpu[r] is not None and last.get(r) is not None
+                                                    and cpu[r] - last[r] > _IDLE_CPU for r in running)
+                    if (last is None or busy) and now - t0 < HARD_LIMIT * timeout:
+                        deadline = now + 1.0
+                        continue
+                    spent = f"{timeout:g} s" if not busy else f"{now - t0:.0f} s (still busy after {timeout:g} s)"
+                    unjoined = [r for r in running if stage[r] == 0]
+                    if unjoined:
+                        raise _GroupNotFormed(f"rank(s) {unjoined} of {world} had not joined the process group "
+                                              f"after {spent}: the machine failed to start the world "
+                                              "(nothing of the ring had run in them), not the ring")
                     done = sorted(payloads)
-                    raise RingError(
-                        f"rank(s) {running} had not returned after {timeout:g} s"
-                        + (f" (rank(s) {done} had)" if done else "") + ".\n  likely cause: ranks waiting "
-                        "on each other. A blocking dist.send waits for its matching recv: if every rank "
-                        "sends first (or receives first), none gets to its other half. Post both with "
-                        "dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]) and wait "
-                        "on the requests, or order them by rank parity; and every rank must run the same "
-                        "number of steps")
+                    where = _where_they_wait(procs, running, stacks)
+                    cause = (("ranks still computing: a loop that does not end, or far more work than the "
+                              "ring's (every rank computing the whole attention?)") if busy else
+                             ("ranks waiting on each other. A blocking dist.send waits for its matching recv: if "
+                              "every rank sends first (or receives first), none gets to its other half. Post both "
+                              "with dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]) and "
+                              "wait on the requests, or order them by rank parity; and every rank must run the "
+                              "same number of steps"))
+                    raise RingError(f"rank(s) {running} had not returned after {spent}"
+                                    + (f" (rank(s) {done} had)" if done else "") + "."
+                                    + (f"\n  where: {where}" if where else "") + f"\n  likely cause: {cause}")
                 for c in ready:
                     r = conns.pop(c)
                     payloads[r] = _receive(c, r, procs)
@@ -278,6 +344,36 @@ def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
     ranks = [payloads[r] for r in range(world)]
     return RingRun([p["result"] for p in ranks], [p["out"] for p in ranks],
                    [p["traffic"] for p in ranks], [p["seconds"] for p in ranks])
+
+
+# One frame of faulthandler's dump: '  File "/path/x.py", line 12 in recv'
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (\S+)')
+#: Frames that are not the ring's own code: PyTorch's, the standard library's, this module's.
+_NOT_THE_RINGS = (os.path.dirname(torch.__file__), os.path.dirname(os.__file__), __file__)
+
+
+def _where_they_wait(procs, running: list[int], stacks: list[str]) -> str:
+    """'rank 0 in send, from line 12 of pass_on; ...': each running rank's innermost call and the
+    innermost line of the ring's own code under it, from the stack it writes on SIGUSR1."""
+    for r in running:
+        try:
+            os.kill(procs[r].pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    said, t0 = [], time.monotonic()
+    for r in running:
+        frames = []
+        while not frames and time.monotonic() - t0 < 2.0:
+            with open(stacks[r]) as f:
+                frames = [m.groups() for ln in f if (m := _FRAME.match(ln))]
+            if not frames:
+                time.sleep(0.05)
+        if not frames:
+            continue
+        inner = frames[0][2]                    # most recent call first
+        own = next(((line, func) for path, line, func in frames if not path.startswith(_NOT_THE_RINGS)), None)
+        said.append(f"rank {r} in {inner}" + (f", from line {own[0]} of {own[1]}" if own and own[1] != inner else ""))
+    return "; ".join(said)
 
 
 def on_ring(fn, world: int, *, timeout: float | None = None, layout: str | None = None, traffic: bool = False):
