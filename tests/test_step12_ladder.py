@@ -7,7 +7,9 @@ and benchmarks/ladder.py's ring mode on the CPU (--cpu-smoke: spawn, group, timi
   ranks causal (with a scale of 0.3), 3 ranks causal (ragged, uneven shards, an odd ring: v2's parity
   order must still drain), 3 ranks non-causal (ragged), and MQA in bfloat16.
 * The solution and v1 with the GPU's block kernel (step 05's Triton solution, in the interpreter).
-* A deadlocked ring (v2 with every rank sending first) is stopped by its time limit (RingError).
+* A deadlocked ring (v2 with every rank sending first) is stopped by its time limit (RingError), naming the
+  line where each rank waits; a slow one (ranks still using the CPU) runs on; a world that never formed its
+  group (rank 0 held in dist.init_process_group) starts once more.
 """
 from __future__ import annotations
 
