@@ -225,10 +225,13 @@ def _receive(conn, r: int, procs) -> dict:
                          "crash or a kill)"}
 
 
-#: A world still using the CPU at its time limit is slow (a loaded machine), not stuck: it may run up to this
-#: many times the limit. One whose ranks used less than _IDLE_CPU seconds in the last second is stuck.
-HARD_LIMIT = 4
+#: A world still using the CPU at its time limit is slow (a loaded machine), not stuck: it runs on, second by
+#: second, from this many seconds per process (a notebook's kernel, a grading run), so that a loop without end
+#: costs its notebook at most this much more. One whose ranks used less than _IDLE_CPU seconds in the last
+#: second is stuck.
+EXTRA_SECONDS = 60.0
 _IDLE_CPU = 0.05
+_extra_spent = 0.0
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -273,6 +276,7 @@ def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
 
 
 def _run_world(fn, world, shards, causal, scale, timeout) -> RingRun:
+    global _extra_spent
     ctx = multiprocessing.get_context("fork")
     stage = ctx.RawArray("b", world)
     with tempfile.TemporaryDirectory(prefix="ring_") as tmp:
@@ -291,18 +295,21 @@ def _run_world(fn, world, shards, causal, scale, timeout) -> RingRun:
                 conns[recv_end] = r
             payloads: dict[int, dict] = {}
             t0 = time.monotonic()
-            deadline, cpu = t0 + timeout, None
+            deadline, cpu, checked = t0 + timeout, None, None
             while conns:
                 left = deadline - time.monotonic()
                 ready = wait_any(list(conns), timeout=max(left, 0)) if left > 0 else []
                 if not ready:
                     running = sorted(conns.values())
                     # past the limit, a world whose ranks still use the CPU is slow, not stuck: look again
-                    # each second, up to HARD_LIMIT times the limit
+                    # each second, while the process's EXTRA_SECONDS last
                     now, last, cpu = time.monotonic(), cpu, {r: _cpu_seconds(procs[r].pid) for r in running}
                     busy = last is not None and any(cpu[r] is not None and last.get(r) is not None
                                                     and cpu[r] - last[r] > _IDLE_CPU for r in running)
-                    if (last is None or busy) and now - t0 < HARD_LIMIT * timeout:
+                    if busy:
+                        _extra_spent += now - checked
+                    checked = now
+                    if last is None or (busy and _extra_spent < EXTRA_SECONDS):     # one second tells which
                         deadline = now + 1.0
                         continue
                     spent = f"{timeout:g} s" if not busy else f"{now - t0:.0f} s (still busy after {timeout:g} s)"
