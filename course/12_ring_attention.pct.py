@@ -262,7 +262,7 @@ plt.show()
 # Posting the transfers *before* computing is what lets them run while the block computes (section 4).
 # Posting them together matters too: if every rank first made a blocking send, each would wait for a
 # receive that its neighbour has not posted yet, and the ring would stop (a **deadlock**; `facourse.ring`
-# stops such a world after its time limit and says so).
+# stops such a world after its time limit and names the line where each rank waits).
 #
 # **What a rank holds**: its $Q$, $O$ and lse rows, and **two** $K/V$ shards (the one it computes on and
 # the one arriving): $2 \cdot 2\, (S/P)\, H_{kv} D e$ bytes, whatever $P$ is. **What it sends**: $P - 1$
