@@ -17,9 +17,10 @@ The sharding rule (what rank r holds), the one the exercise states:
 
 What runs the ranks here: :func:`run_ring` forks one process per rank on this machine, joins them
 in a ``gloo`` group, gives each its shards, and gathers the outputs into the global order; a rank
-that raises or a world that does not finish within a time limit is stopped and named (with the line
-where each rank waits), so that a deadlock costs its time limit and never hangs a notebook or the
-grader; a world whose ranks never joined their group is the machine's failure and starts again.
+that raises or a world that does not finish within a time limit (one still using the CPU runs on a
+while) is stopped and named, with the line where each rank waits, so that a deadlock costs its time
+limit and never hangs a notebook or the grader; a world whose ranks never joined their group is the
+machine's failure and starts again.
 :func:`on_ring` turns a ring attention into an ordinary attention function of global q, k, v (what
 the check calls), and :func:`check_ring` checks it with the course's one rule, naming the ranks and
 chunks whose rows are wrong and, where it recognises one, the ring mistake that gives exactly this
@@ -169,7 +170,7 @@ def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeou
         with redirect_stdout(out), redirect_stderr(out):
             store = dist.FileStore(store_path, world)
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=timeout + 5))
+                                    timeout=timedelta(seconds=timeout + EXTRA_SECONDS + 5))  # run_ring decides first
             _count_traffic(traffic)
             stage[rank] = 1
             result = fn(q, k, v, causal=causal, scale=scale, group=None)
@@ -260,8 +261,9 @@ def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
 
     Raises :class:`RingError` naming the rank when one raises (its traceback and output shown),
     and naming the ranks still running, and where each waits, when the world is not done within
-    ``timeout`` seconds. A world that had not formed its group by then is started again
-    (:data:`SETUP_RETRIES`): that is the machine's failure, and never costs the ring its grade.
+    ``timeout`` seconds (a world still using the CPU then runs on from :data:`EXTRA_SECONDS`). A world
+    that had not formed its group by then is the machine's failure: it is started again
+    (:data:`SETUP_RETRIES`), and if it never forms the error says so, not that the ring is wrong.
     """
     if world < 1:
         raise ValueError(f"world must be at least 1, got {world}")
