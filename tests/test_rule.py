@@ -140,6 +140,37 @@ def test_compare_empty_rows_must_hold_the_empty_value():
                    row_dim=None).ok
 
 
+def test_a_clean_pass_reports_what_the_whole_rule_computes(monkeypatch):
+    """compare's short path for passing outputs (nothing empty, all finite, within the limits) gives the
+    same figures and the same all-False masks as the whole rule; anything else takes the whole rule."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float64)
+    near = ref + 1e-4 * torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    cases = [dict(out=near.half()), dict(out=near.bfloat16(), rel_slack=1e-3), dict(out=near.float(), row_dim=None),
+             dict(out=near, row_dim=2, rel_limit=None), dict(out=near, empty=torch.zeros(2, 3, 40, 1, dtype=torch.bool)),
+             dict(out=ref.half())]
+    fields = ("ok", "failure", "max_err", "allowed", "rel", "own", "ref_max", "rel_limit", "dtype", "worst")
+    for kw in cases:
+        out = kw.pop("out")
+        short = compare(out, ref, 1e-2, tag="[t]", **kw)
+        with monkeypatch.context() as m:
+            m.setattr(rule, "_clean_pass", lambda *a: None)
+            whole = compare(out, ref, 1e-2, tag="[t]", **kw)
+        assert short.ok and whole.ok
+        assert [getattr(short, f) for f in fields] == [getattr(whole, f) for f in fields], kw
+        for mask in ("bad", "bad_rows", "nonfinite_rows", "not_empty_rows"):
+            assert torch.equal(getattr(short, mask), getattr(whole, mask)), (mask, kw)
+    nan, inf_ref, far = near.clone(), ref.clone(), near.clone()
+    nan[1, 2, 3, 4] = float("nan")
+    inf_ref[0, 0, 0, 0] = float("-inf")
+    far[0, 1, 2, 3] += 1.0
+    empty = torch.zeros(2, 3, 40, 1, dtype=torch.bool)
+    empty[0, 0, 0] = True
+    for out, r, kw in ((nan, ref, {}), (near, inf_ref, {}), (far, ref, {}), (ref * 1.05, ref, {"own": 1.0}),
+                       (near, ref, {"empty": empty}), (near[:0], ref[:0], {})):
+        assert rule._clean_pass(out, r, kw.get("empty"), kw.get("own", 1e-3), ABS_SLACK, 0.0, REL_LIMIT) is None
+
+
 def test_compare_computes_nothing_while_collecting():
     def boom():
         raise RuntimeError("the reference must not be computed")
