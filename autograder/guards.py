@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import secrets
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -156,7 +157,30 @@ class _FunctionGuard(_Watching, TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _dynamo_off(fn):
+    """``torch._disable_dynamo(fn, recursive=True)``, as torch wraps every dispatch mode, but lazily: the
+    first call of torch's wrapper imports torch._dynamo (over a CPU-second in each grading kernel), and in
+    a process that never imported it nothing is being compiled."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        nonlocal disabled
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if disabled is None:
+            disabled = torch._disable_dynamo(fn, recursive=True)
+        return disabled(*args, **kwargs)
+
+    return inner
+
+
 class _DispatchGuard(_Watching, TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False            # torch's own wrapper is replaced by _dynamo_off
+
+    @_dynamo_off
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.name()

@@ -1,11 +1,16 @@
 """Anti-cheat of the hidden tests (autograder/guards.py): each cheat is caught, honest code is not."""
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
 from autograder import guards
 from autograder.guards import CheatDetected, check_no_caching, forbid_framework_attention
+from conftest import ROOT
 from facourse import AttentionCheckError, check_entry_point
 
 
@@ -92,6 +97,29 @@ def test_softmax_over_all_keys_is_caught_from_step_04_only():
     check_entry_point(forbid_framework_attention(vanilla, allow_softmax=True), "medium")   # step 01
     check_entry_point(forbid_framework_attention(tiled), "medium")                        # step 04+
     check_entry_point(forbid_framework_attention(tiled), "ragged")
+
+
+def test_the_guard_loads_no_compiler_and_still_catches_a_compiled_cheat():
+    """torch would wrap the guard's dispatch mode in torch._disable_dynamo, whose first call imports
+    torch._dynamo (over a CPU-second in each grading kernel); the guard disables Dynamo only once something
+    has loaded it, so an honest call loads nothing, and SDPA behind torch.compile is still caught."""
+    code = textwrap.dedent("""
+        import sys, torch
+        from autograder.guards import CheatDetected, forbid_framework_attention
+        from facourse import check_entry_point
+        from test_grading_guards import sdpa, tiled
+        check_entry_point(forbid_framework_attention(tiled), "small")
+        assert "torch._dynamo" not in sys.modules, "an honest call loaded torch._dynamo"
+        try:
+            check_entry_point(forbid_framework_attention(torch.compile(sdpa, backend="eager")), "small")
+        except CheatDetected as err:
+            assert "scaled_dot_product_attention" in str(err), err
+        else:
+            raise AssertionError("a compiled SDPA was not caught")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in (ROOT / "src", ROOT, ROOT / "tests")))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_guard_is_removed_after_the_call():
