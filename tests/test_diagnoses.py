@@ -233,6 +233,25 @@ def test_08_a_nearly_right_dq_is_not_blamed_on_a_mistake_that_leaves_dq_right():
     assert "scale" not in c.split(".")[0] and "dK misses" not in c and "scaled twice" not in c, c
 
 
+def test_08_a_mistake_far_larger_than_the_gradients_is_named_through_float32_rounding():
+    """On this seed of ``d64``, dQ rebuilt with the next row's lse reaches 5.7e3 (the gradients: 2.8); a
+    float32 kernel's sums leave it about 1e-6 off (8 ulps there), past the rule's 2.8e-3 but within the
+    tolerance at the mistake's own scale: named, with its pass."""
+    import torch
+
+    from facourse.backward import attention_grads, draw_dout
+    from facourse.configs import get_config, make_inputs
+    cfg, seed = get_config("d64", "cpu"), 978121617
+    q, k, v = make_inputs(cfg, seed, "cpu", torch.float32)
+    do = draw_dout(cfg, seed, "cpu", torch.float32)
+    dq = attention_grads(q, k, v, do, True, variant="lse_next_row_wrap")[0]
+    _, dk, dv = attention_grads(q, k, v, do, True)
+    assert float(dq.abs().max()) > 1000
+    with pytest.raises(AttentionCheckError) as err:
+        _check_grads({"dq": dq * (1 + 1e-6), "dk": dk, "dv": dv}, q, k, v, do, True)
+    assert "another row's lse" in cause(err) and "(in the pass that computes dQ)" in cause(err), str(err.value)
+
+
 def test_08_correct_gradients_pass():
     from facourse.backward import attention_grads
     _, q, k, v, do = _step08_inputs()

@@ -448,7 +448,8 @@ def diagnose(outputs: Mapping[str, torch.Tensor], wrong: Iterable[str], mistakes
 
     A mistake is named only when it breaks every output in ``wrong`` and no output of ``outputs``
     that is right, and its produced output :func:`matches` the student's for every wrong name.
-    ``tol`` is a float or a mapping name -> float.
+    ``tol`` is a float, a mapping name -> float, or a function (name, the mistake's output) -> float
+    (a tolerance that scales with the data scales with the mistake's output, which may be far larger).
     """
     wrong = frozenset(wrong)
     right = frozenset(outputs) - wrong
@@ -459,8 +460,8 @@ def diagnose(outputs: Mapping[str, torch.Tensor], wrong: Iterable[str], mistakes
             alt = m.produce()
         except Exception:     # a mistake that cannot be formed on these inputs says nothing
             continue
-        if all(n in alt and matches(outputs[n], alt[n], tol[n] if isinstance(tol, Mapping) else tol)
-               for n in wrong):
+        if all(n in alt and matches(outputs[n], alt[n], tol(n, alt[n]) if callable(tol) else
+                                    tol[n] if isinstance(tol, Mapping) else tol) for n in wrong):
             return m
     return None
 
