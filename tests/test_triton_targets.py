@@ -3,8 +3,9 @@ and of lectures 05 and 11 fits the shared memory of sm_80, sm_86, sm_89 and sm_9
 
 On the CPU, with Triton's compiler for each target (``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", CC, 32))``, no GPU), each kernel is compiled once per target and tile
-configuration (sm_86 and sm_89 compile as sm_80: ``SAME_AS_80``), for head dims 64 and 128, as far as LLVM IR (where Triton sets ``metadata.shared``: what
-the launcher asks the driver for, and what fails with OutOfResources on a smaller GPU), and that size is
+configuration (sm_86 and sm_89 compile as sm_80: ``SAME_AS_80``), for head dims 64 and 128, as far as
+LLVM IR (where Triton sets ``metadata.shared``: what the launcher asks the driver for, and what fails
+with OutOfResources on a smaller GPU), and that size is
 compared with the target's per-block opt-in limit. The kernels come from the solution notebooks' cells
 (as tests/test_triton_step05.py loads them) and from the ``@triton.jit`` functions of
 ``course/05_*.pct.py`` and ``course/11_*.pct.py`` (a lecture runs its checks at import, so only its
