@@ -160,13 +160,13 @@ class _FunctionGuard(_Watching, TorchFunctionMode):
 def _dynamo_off(fn):
     """``torch._disable_dynamo(fn, recursive=True)``, as torch wraps every dispatch mode, but lazily: the
     first call of torch's wrapper imports torch._dynamo (over a CPU-second in each grading kernel), and in
-    a process that never imported it nothing is being compiled."""
+    a process that never imported it nothing is being compiled. Once loaded, it stays disabled."""
     disabled = None
 
     @functools.wraps(fn)
     def inner(*args, **kwargs):
         nonlocal disabled
-        if "torch._dynamo" not in sys.modules:
+        if disabled is None and "torch._dynamo" not in sys.modules:
             return fn(*args, **kwargs)
         if disabled is None:
             disabled = torch._disable_dynamo(fn, recursive=True)

@@ -333,7 +333,7 @@ def _value(x):
 
 
 def _clean_pass(o64, ref, empty, own, slack, rel_slack, rel_limit):
-    """The common case in five passes over the data instead of thirty: nothing empty, everything finite,
+    """The common case in five passes over the data instead of about thirty: nothing empty, everything finite,
     within both limits. Returns (max_err, allowed, rel, ref_max, an all-False mask), or None when the
     full rule must look (a failure, or empty rows)."""
     if not o64.numel() or (empty is not None and bool(torch.as_tensor(empty).any())):
