@@ -39,6 +39,7 @@ import socket
 import sys
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,6 +198,8 @@ class Judge:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(self.address)
         self._sock.listen(8)
+        # the socket's folder goes with close(), or with the judge when close() is never reached
+        self._closed = weakref.finalize(self, _close, self._sock, self._dir)
         self._threads: list[threading.Thread] = []
         self._budget = RECEIVE_BUDGET["cuda" if device.startswith("cuda") else "cpu"]
         self._accepting = threading.Thread(target=self._accept, daemon=True)
@@ -434,11 +437,15 @@ class Judge:
         return out
 
     def close(self):
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._closed()
+
+
+def _close(sock: socket.socket, folder: Path) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _text(err: BaseException) -> str:

@@ -57,39 +57,43 @@ def retime(folder: Path, assignment: str) -> int:
     nbs = sorted(folder.glob("*.ipynb"))
     if not nbs:
         raise GradingError(f"no notebook in {folder}")
-    work = Path(tempfile.mkdtemp(prefix="retime_")) / assignment
-    shutil.copytree(EXERCISES / assignment, work)              # the given files...
-    for p in folder.iterdir():                                  # ...and what the student submitted
-        if p.is_file():
-            shutil.copy2(p, work / p.name)
-    nb = json.loads(nbs[0].read_text(encoding="utf-8"))
-    print(f"{len(student_cells(nb))} student cell(s); running the notebook's code cells (no test cell)")
-    # one file, the cells in order (Triton's @jit reads a kernel's source from its file)
-    code = "\n\n".join("\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!")))
-                       for src in _given_andstudent_cells(nb))
-    (work / "_retimed_submission.py").write_text(code, encoding="utf-8")
-    cwd = os.getcwd()
-    os.chdir(work)
+    tmp = Path(tempfile.mkdtemp(prefix="retime_"))        # the copy goes when the timings are done
     try:
-        ns = runpy.run_path(str(work / "_retimed_submission.py"), run_name="_retimed_submission")
-    finally:
-        os.chdir(cwd)
-    fn = ns[m["entry_points"][0]]
-    backend = thresholds(assignment)["reference"]
-    for name in configs:
-        res = kind.perf_bench(fn, name, backend)
-        call = kind.timed_call(fn, name)                    # what the bench timed
-        work, unit = kind.perf_work(name, "cuda") / kind.per_second, kind.work_unit
-        rate = f"{kind.result_rate(res):.0f} {unit}"
-        call()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                call()
+        work = tmp / assignment
+        shutil.copytree(EXERCISES / assignment, work)              # the given files...
+        for p in folder.iterdir():                                  # ...and what the student submitted
+            if p.is_file():
+                shutil.copy2(p, work / p.name)
+        nb = json.loads(nbs[0].read_text(encoding="utf-8"))
+        print(f"{len(student_cells(nb))} student cell(s); running the notebook's code cells (no test cell)")
+        # one file, the cells in order (Triton's @jit reads a kernel's source from its file)
+        code = "\n\n".join("\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!")))
+                           for src in _given_andstudent_cells(nb))
+        (work / "_retimed_submission.py").write_text(code, encoding="utf-8")
+        cwd = os.getcwd()
+        os.chdir(work)
+        try:
+            ns = runpy.run_path(str(work / "_retimed_submission.py"), run_name="_retimed_submission")
+        finally:
+            os.chdir(cwd)
+        fn = ns[m["entry_points"][0]]
+        backend = thresholds(assignment)["reference"]
+        for name in configs:
+            res = kind.perf_bench(fn, name, backend)
+            call = kind.timed_call(fn, name)                    # what the bench timed
+            work, unit = kind.perf_work(name, "cuda") / kind.per_second, kind.work_unit
+            rate = f"{kind.result_rate(res):.0f} {unit}"
+            call()
             torch.cuda.synchronize()
-        gpu_us = sum(e.device_time_total for e in prof.key_averages()) / 5
-        print(f"{name}{kind.label}: bench {res.t_student_ms:.3f} ms "
-              f"({rate}), reference {backend} {res.t_ref_ms:.3f} ms, ratio {res.ratio:.2f}x; "
-              f"the GPU's own kernel record: {gpu_us / 1000:.3f} ms of kernels per call "
-              f"({work / (gpu_us * 1e-6):.0f} {unit})")
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    call()
+                torch.cuda.synchronize()
+            gpu_us = sum(e.device_time_total for e in prof.key_averages()) / 5
+            print(f"{name}{kind.label}: bench {res.t_student_ms:.3f} ms "
+                  f"({rate}), reference {backend} {res.t_ref_ms:.3f} ms, ratio {res.ratio:.2f}x; "
+                  f"the GPU's own kernel record: {gpu_us / 1000:.3f} ms of kernels per call "
+                  f"({work / (gpu_us * 1e-6):.0f} {unit})")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0

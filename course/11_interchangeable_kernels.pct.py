@@ -58,8 +58,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 # FlashInfer-Bench caches builds and apply tables under FIB_CACHE_PATH (default ~/.cache/flashinfer_bench):
-# this lecture keeps them in a temporary folder of its own.
-os.environ.setdefault("FIB_CACHE_PATH", tempfile.mkdtemp(prefix="lecture11_fib_cache_"))
+# this lecture keeps them, and the trace sets it writes, in a temporary folder that goes when the kernel exits.
+SCRATCH = tempfile.TemporaryDirectory(prefix="lecture11_")
+os.environ.setdefault("FIB_CACHE_PATH", SCRATCH.name)
 
 from facourse.triton_setup import interpret_without_gpu
 
@@ -651,7 +652,7 @@ print(passed.model_dump_json(indent=1, exclude={"workload": {"inputs"}}))
 
 # %%
 def write_set(traces, solutions=SOLUTIONS, definition=TOY):
-    root = Path(tempfile.mkdtemp(prefix="lecture11_traces_"))
+    root = Path(tempfile.mkdtemp(prefix="traces_", dir=SCRATCH.name))
     return fx.save_trace_set(root, definition, solutions, list(TOY_WORKLOADS.values()), traces)
 
 

@@ -9,8 +9,10 @@ each planted deployment bug with its message.
 from __future__ import annotations
 
 import copy
+import gc
 import importlib.metadata
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -327,6 +329,23 @@ def test_a_correct_apply_deployment_passes_the_routing_check(routing_root, fib_c
         ic.check_routing(deployment(fallback()), seed=SEED)
     assert list((fib_cache / "apply_table").glob("*.json")), "the apply table is cached under FIB_CACHE_PATH"
     assert list((fib_cache / "python").iterdir()), "the python builder built the synthetic solutions there"
+
+
+def test_a_deployment_check_leaves_no_folder_behind():
+    roots = []
+
+    def deploy(root):
+        roots.append(Path(root))
+        fib.enable_apply(str(root), ic.apply_config())
+        return deployment(fallback())
+
+    try:
+        ic.check_deployment(deploy, seed=SEED, workloads=("C",))
+    finally:
+        fib.disable_apply()
+    gc.collect()
+    assert len(roots) == 1 and roots[0].name.startswith("facourse_routing_")
+    assert not roots[0].exists(), "the check's trace set stays in the temp folder after the check"
 
 
 def test_the_python_builder_builds_the_synthetic_solutions_and_their_tags_show(routing_root):

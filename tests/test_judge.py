@@ -358,6 +358,24 @@ print("ok")
     assert r.returncode == 0 and r.stdout.rstrip().endswith("ok"), (r.returncode, r.stderr[-3000:])
 
 
+def test_a_judge_never_closed_leaves_no_folder_behind():
+    """A judge's socket folder goes with close(), and at the process's exit when nothing closed it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    j = Judge(A, points_of(A))
+    folder = Path(j.address).parent
+    assert folder.is_dir()
+    j.close()
+    assert not folder.exists()
+    code = "from autograder.judge import Judge\nprint(Judge('01_vanilla_attention', {}).address)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    left = Path(r.stdout.strip()).parent
+    assert left.name.startswith("faj") and not left.exists(), f"{left} is left in the temp folder"
+
+
 def test_tamper_flags_zero_the_judged_tests_unless_an_instructor_trusts_them():
     from autograder.judge import Verdict
     from autograder.model import Result

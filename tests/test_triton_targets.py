@@ -121,13 +121,14 @@ TOO_BIG = {
 }
 
 _DRIVER = r"""
-import importlib.util, json, os, re, sys, tempfile
+import atexit, importlib.util, json, os, re, shutil, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 import facourse.variants as fv
 
 root, cases = sys.argv[1], json.loads(sys.stdin.read())
 tmp = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)
 
 def module(name, code):
     path = os.path.join(tmp, name + ".py")       # @triton.jit reads its function's source from a file

@@ -272,7 +272,8 @@ def deployed(deploy, *, seed: int):
 
     def attn(q, k, v, causal):
         if "attn" not in state:
-            root = routing_trace_set(Path(tempfile.mkdtemp(prefix="facourse_routing_")), seed=seed)
+            state["folder"] = tempfile.TemporaryDirectory(prefix="facourse_routing_")  # removed with attn
+            root = routing_trace_set(Path(state["folder"].name), seed=seed)
             state["attn"] = deploy(root)
         return state["attn"](q, k, v, causal)
 
