@@ -266,8 +266,9 @@ def _reference_at_tag(q, k, v, causal) -> torch.Tensor:
 
 def deployed(deploy, *, seed: int):
     """The attention a student's ``deploy(root) -> attn`` gives on :func:`routing_trace_set` of
-    ``seed``: a function ``attn(q, k, v, causal)`` that writes the trace set to a new folder and calls
-    ``deploy`` on it at its first call (so that an error in ``deploy`` is the call's error)."""
+    ``seed``: a function ``attn(q, k, v, causal)`` that writes the trace set to a new temporary folder
+    (removed with ``attn``) and calls ``deploy`` on it at its first call (so that an error in ``deploy``
+    is the call's error)."""
     state = {}
 
     def attn(q, k, v, causal):
