@@ -117,6 +117,22 @@ struct Work {
   // descending from the last, heads innermost, so a head's key blocks read the same rows at the same time.
   HP_DEVICE int h(int step) const { return h_kv * group + (order ? step % group : step / (m_hi - m_lo)); }
   HP_DEVICE int m(int step) const { return order ? m_hi - 1 - step / group : m_lo + (step + first) % (m_hi - m_lo); }
+  // The same walk step by step (c: the step within its run of one head, order 0, or of one block, order 1): the
+  // division by a runtime count above costs some 25 instructions, and the consumers, the stager and the dQ writer
+  // each need (h, m) every step
+  struct Cursor {
+    int h, m, c;
+  };
+  HP_DEVICE Cursor start() const { return {h(0), m(0), 0}; }
+  HP_DEVICE void next(Cursor& k) const {
+    if (order) {
+      if (++k.c == group) k.c = 0, --k.m;
+      k.h = h_kv * group + k.c;
+    } else {
+      if (++k.m == m_hi) k.m = m_lo;
+      if (++k.c == m_hi - m_lo) k.c = 0, ++k.h;
+    }
+  }
 };
 
 HP_DEVICE int ld_acquire(const int* p) {
@@ -159,8 +175,9 @@ HP_DEVICE void load_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_k, cons
     tma_load_4d(smem + L::kK + c * BN * 128, tm_k, &bars.kv_full, c * PANEL, w.n_block * BN, w.h_kv, w.b);
     tma_load_4d(smem + L::kV + c * BN * 128, tm_v, &bars.kv_full, c * PANEL, w.n_block * BN, w.h_kv, w.b);
   }
-  for (int it = 0; it < w.steps; ++it) {
-    const int s = it % RING, h = w.h(it), m = w.m(it);
+  auto k = w.start();
+  for (int it = 0; it < w.steps; ++it, w.next(k)) {
+    const int s = it % RING, h = k.h, m = k.m;
     const uint32_t ph = (it / RING) & 1;
     mbar_wait(&bars.q_empty[s], ph ^ 1);
     mbar_expect_tx(&bars.q_full[s], L::kRowBytes);
@@ -184,11 +201,12 @@ HP_DEVICE void cp_async_8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 template <int BM>
-HP_DEVICE void stage_stats(float2* stats, const FaBwdParams& f, const Work<BM>& w, int it, int lane) {
-  const int64_t base = ((int64_t)w.b * f.base.Hq + w.h(it)) * f.sq_pad;
+HP_DEVICE void stage_stats(float2* stats, const FaBwdParams& f, const Work<BM>& w, int it,
+                           const typename Work<BM>::Cursor& k, int lane) {
+  const int64_t base = ((int64_t)w.b * f.base.Hq + k.h) * f.sq_pad;
 #pragma unroll
   for (int pair = lane; pair < BM / 2; pair += 32) {
-    const int row = w.m(it) * BM + 2 * pair;
+    const int row = k.m * BM + 2 * pair;
     float2* m2 = stats + (it & 1) * BM + pair;
     float2* delta = m2 + BM / 2;
     if (row < f.sq_pad) {
@@ -208,8 +226,9 @@ HP_DEVICE void dq_writer(unsigned char* smem, Bars& bars, const FaBwdParams& f, 
   const FaParams& p = f.base;
   const int m_blocks = (p.Sq + BM - 1) / BM;
   constexpr int NB = kDqBufs<BM>;
-  for (int it = 0; it < w.steps; ++it) {
-    const int64_t tile = ((int64_t)w.b * p.Hq + w.h(it)) * m_blocks + w.m(it);
+  auto k = w.start();
+  for (int it = 0; it < w.steps; ++it, w.next(k)) {
+    const int64_t tile = ((int64_t)w.b * p.Hq + k.h) * m_blocks + k.m;
     const int b = it % NB;
     mbar_wait(&bars.dq_full[b], (it / NB) & 1);
     if (f.sems) {  // deterministic: key blocks add in order
@@ -267,24 +286,27 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
   const bool stager = wg == 0 && warp == 0;
   if (w.steps > 0) {
     if (stager) {
-      stage_stats(stats, f, w, 0, lane);
+      stage_stats(stats, f, w, 0, w.start(), lane);
       stats_wait();
     }
     named_bar_sync(kBarDs, 256);
     mbar_wait_spin(&bars.kv_full, 0);
   }
 
+  auto cur = w.start();
   for (int it = 0; it < w.steps; ++it) {
+    auto nxt = cur;
+    w.next(nxt);
     // the compiler would keep every descriptor of K and V live across the loop (64-bit each): recompute them
     asm volatile("" : "+r"(k_addr), "+r"(v_addr));
     const uint32_t k_wg = k_addr + wg * 64 * 128, v_wg = v_addr + wg * 64 * 128;  // this warpgroup's key rows
-    const int s = it % RING, q0 = w.m(it) * BM;
+    const int s = it % RING, q0 = cur.m * BM;
     const uint32_t ph = (it / RING) & 1;
     const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kRowBytes), do_addr = smem_u32(smem + L::kDO + s * L::kRowBytes);
     const float* m2 = reinterpret_cast<const float*>(stats + (it & 1) * BM);
     const float* delta = m2 + BM;
     const bool stage = stager && it + 1 < w.steps;
-    if (stage) stage_stats(stats, f, w, it + 1, lane);  // step it + 1's, in before this step's barrier
+    if (stage) stage_stats(stats, f, w, it + 1, nxt, lane);  // step it + 1's, in before this step's barrier
     // S^T and dP^T in flight together, then dQ in S^T's registers; P^T and dS^T stay in registers as the A
     // operands of dV and dK (16-bit pairs: pair (j, h) in [j / 2][2 (j % 2) + h], the A fragment of k-step j / 2)
     float acc[BM / 2], acc2[BM / 2];
@@ -314,8 +336,10 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
     gemm_rows(acc2, v_wg, do_addr);                                       // dP^T = V_w dO_i^T
     wgmma_wait<1>();
     pin_registers(acc);
-    // P^T = 2^(S^T c - m2) in place, 0 where the key is hidden (causal, past Skv), under the dP^T product
-    const bool masked = q0 < mask_below;
+    // P^T = 2^(S^T c - m2) in place, 0 where the key is hidden (causal, past Skv), under the dP^T product; the
+    // mask's tests compiled in only where a step needs them (evaluated on every step, they were 40 FSEL a thread)
+    auto p_of_s = [&](auto masked_t) {
+    constexpr bool kMasked = decltype(masked_t)::value;
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
       const float2 mm = *reinterpret_cast<const float2*>(m2 + 8 * j + 2 * (lane & 3));
@@ -326,12 +350,15 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
         for (int e = 0; e < 2; ++e) {
           const int key = key0 + 8 * h, q = q0 + 8 * j + 2 * (lane & 3) + e;
           x[e] = exp2_approx(fmaf(acc[4 * j + 2 * h + e], c, -(e ? mm.y : mm.x)));
-          if (masked && (key >= p.Skv || (causal && key > q + off))) x[e] = 0.f;
+          if (kMasked && (key >= p.Skv || (causal && key > q + off))) x[e] = 0.f;
           acc[4 * j + 2 * h + e] = x[e];
         }
         if constexpr (!kLateDv) pt[j / 2][2 * (j % 2) + h] = pack2<T>(x[0], x[1]);
       }
     }
+    };
+    if (q0 < mask_below) p_of_s(std::true_type{});
+    else p_of_s(std::false_type{});
     if constexpr (!kLateDv) {
       // dV_w += P^T dO_i needs this warpgroup's registers only: it runs under dS^T and the barrier
       wgmma_fence();
@@ -396,6 +423,7 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
     pin_registers(dk);
     pin_registers(ds);
     if (lane == 0) mbar_arrive(&bars.q_empty[s]);
+    cur = nxt;
   }
 
   // dK = scale * sum dS^T Q, dV = sum P^T dO: rows key0 + 8h, columns 8j + 2(lane%4) + {0,1}
