@@ -911,10 +911,22 @@ if gpu_or_skip("timing SDPA's backward"):
 # (`2026-11-28_h200_step08_v4_bm80_probes.txt`) the non-causal backward went from 0.84-0.86x cuDNN's
 # to 0.98-1.01x; the new code at 64 rows, which causal blocks keep, took large from 0.96x to 1.02x.
 #
+# **Fewer instructions a step.** Then a comparison with the authors' own kernel: FlashAttention-4's
+# Hopper backward (a port of FA3's) ran 1.12-1.22x this build's speed on the same H200, with the same
+# grid, threads, registers and shared memory, and Nsight Compute counted 1.53x its instructions in
+# ours (`2026-12-02_h200_fa4_reference.txt`). Nothing in the plan differed; what each consumer thread
+# executed did. The SASS showed three integer divisions a step (a step's head and query block, from
+# its index) and the key mask tested on all 40 elements of $P^\top$, though only a ragged last key
+# block needs it. A cursor that walks the same order, and the mask compiled in only where a step needs
+# it, cut the loop from 939 instructions to about 690 on an unmasked step; in one probe on an H200 the
+# backward went from 1.02x cuDNN's to 1.10x on large and from 0.95-1.01x to 1.01-1.08x at 4k-16k
+# (`2026-12-02_h200_step08_v4_cursor_probes.txt`). In a kernel that waits on latency, instructions
+# that are not multiply-adds are not free: they sit between one product and the next.
+#
 # The cell below reads the newest committed ladder run: each rung's backward at the 4k-16k points
 # (fp16, TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs. v4 is the
-# step's solution: on an H200, in fp16, it runs 1.03x cuDNN's backward on large, 0.98-1.00x without a
-# causal mask and 0.97-1.00x with one at 4k-16k (`2026-11-28_h200_step08.json`).
+# step's solution: on an H200, in fp16, it runs 1.09x cuDNN's backward on large, 1.02-1.06x without a
+# causal mask and 1.05-1.08x with one at 4k-16k (`2026-12-02_h200_step08.json`).
 
 # %%
 R08 = results.load("08")
