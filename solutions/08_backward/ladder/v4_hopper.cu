@@ -341,23 +341,23 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
     // P^T = 2^(S^T c - m2) in place, 0 where the key is hidden (causal, past Skv), under the dP^T product; the
     // mask's tests compiled in only where a step needs them (evaluated on every step, they were 40 FSEL a thread)
     auto p_of_s = [&](auto masked_t) {
-    constexpr bool kMasked = decltype(masked_t)::value;
+      constexpr bool kMasked = decltype(masked_t)::value;
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 mm = *reinterpret_cast<const float2*>(m2 + 8 * j + 2 * (lane & 3));
+      for (int j = 0; j < BM / 8; ++j) {
+        const float2 mm = *reinterpret_cast<const float2*>(m2 + 8 * j + 2 * (lane & 3));
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float x[2];
+        for (int h = 0; h < 2; ++h) {
+          float x[2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = key0 + 8 * h, q = q0 + 8 * j + 2 * (lane & 3) + e;
-          x[e] = exp2_approx(fmaf(acc[4 * j + 2 * h + e], c, -(e ? mm.y : mm.x)));
-          if (kMasked && (key >= p.Skv || (causal && key > q + off))) x[e] = 0.f;
-          acc[4 * j + 2 * h + e] = x[e];
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + 8 * h, q = q0 + 8 * j + 2 * (lane & 3) + e;
+            x[e] = exp2_approx(fmaf(acc[4 * j + 2 * h + e], c, -(e ? mm.y : mm.x)));
+            if (kMasked && (key >= p.Skv || (causal && key > q + off))) x[e] = 0.f;
+            acc[4 * j + 2 * h + e] = x[e];
+          }
+          if constexpr (!kLateDv) pt[j / 2][2 * (j % 2) + h] = pack2<T>(x[0], x[1]);
         }
-        if constexpr (!kLateDv) pt[j / 2][2 * (j % 2) + h] = pack2<T>(x[0], x[1]);
       }
-    }
     };
     if (q0 < mask_below) p_of_s(std::true_type{});
     else p_of_s(std::false_type{});
