@@ -31,16 +31,14 @@ back to back (each kernel alone, its own L2 flush, median): a ratio near 1 is re
 import os
 import sys
 
-sys.path[:0] = ["src", ".", "solutions/08_backward/ladder"]
+sys.path[:0] = ["src", ".", "solutions/08_backward/ladder", "benchmarks/probes"]
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from benchmarks.rungs import build_cuda  # noqa: E402
-from facourse import validate_inputs  # noqa: E402
 from facourse.bench import MODES, bench_attention, reference, timed_call  # noqa: E402
 from facourse.configs import SWEEP_4K_16K, get_config, make_inputs  # noqa: E402
-from facourse.steps import load_step  # noqa: E402
-from probe_common import summary, timed_rounds  # noqa: E402
+from probe_common import kernel_table, summary, timed_rounds  # noqa: E402
+from v4_fwd_variants import build, entry  # noqa: E402
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "forward"
 CFGS = os.environ.get("CFGS", ",".join(["large", *SWEEP_4K_16K])).split(",")
@@ -54,16 +52,6 @@ def fa4(q, k, v, causal=False, scale=None):
     o = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
                         causal=bool(causal))
     return (o[0] if isinstance(o, tuple) else o).transpose(1, 2)
-
-
-def step07():
-    m = load_step("07")
-    ext = build_cuda(m, m["ladder"]["solution"])
-
-    def fn(q, k, v, causal=False, scale=None):
-        validate_inputs(q, k, v, scale)
-        return tuple(ext.forward(q, k, v, bool(causal), float(q.shape[-1] ** -0.5 if scale is None else scale)))
-    return fn
 
 
 def layout_of(name):
@@ -126,21 +114,11 @@ def backward_of(fn, name, cname):
     return run
 
 
-def kernels(fns: dict, reps: int = 5) -> None:
-    """GPU time per backward of each kernel the backward launches (torch.profiler, CUDA activity, no L2 flush)."""
-    from torch.profiler import ProfilerActivity, profile
+def kernels(fns: dict) -> None:
+    """GPU time per backward of each kernel each backward launches (probe_common.kernel_table)."""
     for cname in CFGS:
         for name, fn in fns.items():
-            run = backward_of(fn, name, cname)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(reps):
-                    run()
-                torch.cuda.synchronize()
-            rows = [(e.key, e.device_time_total / reps) for e in prof.key_averages() if e.device_time_total > 0]
-            total = sum(t for _, t in rows)
-            print(f"== {cname} {name}: GPU time per backward {total:.0f} us", flush=True)
-            for key, t in sorted(rows, key=lambda r: -r[1]):
-                print(f"   {t:9.1f} us {100 * t / total:5.1f}%  {key[:110]}", flush=True)
+            kernel_table(backward_of(fn, name, cname), f"{cname} {name}")
 
 
 def main() -> None:
@@ -152,7 +130,7 @@ def main() -> None:
     print(f"# flash-attn-4 {getattr(flash_attn, '__version__', '?')}, nvidia-cutlass-dsl "
           f"{getattr(cutlass, '__version__', '?')}, from {os.path.dirname(flash_attn.cute.__file__)}", flush=True)
     if MODE == "forward":
-        fns = {"fa4": fa4, "step07": step07()}
+        fns = {"fa4": fa4, "step07": entry(build(""))}  # the ladder's solution, as v4_fwd_variants builds it
     else:
         import v4_hopper
         fns = {"fa4": fa4, "v4_hopper": v4_hopper.flash_attention_train}

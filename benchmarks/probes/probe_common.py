@@ -53,3 +53,18 @@ def timed_rounds(runs: dict, cfgs: list[str], rounds: int, lines: list[str], wid
                       f"{res.tflops_ref:6.0f}: x{res.ratio:.3f}{clk}", flush=True)
     if stop:
         stop()
+
+
+def kernel_table(run, label: str, reps: int = 5) -> None:
+    """GPU time per call of ``run`` (warmed up) for each kernel it launches: torch.profiler, CUDA activity, no L2 flush."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / reps, e.count // reps) for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(r[1] for r in rows)
+    print(f"== {label}: GPU time per backward {total:.0f} us", flush=True)
+    for key, t, n in sorted(rows, key=lambda r: -r[1]):
+        print(f"   {t:9.1f} us {100 * t / total:5.1f}%  x{n}  {key[:90]}", flush=True)

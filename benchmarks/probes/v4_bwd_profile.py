@@ -11,12 +11,12 @@ Compute to read the main kernel's counters.
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path[:0] = ["src", ".", "solutions/08_backward/ladder"]
 import v4_hopper as v4  # noqa: E402
 
 from facourse.configs import get_config, make_inputs  # noqa: E402
+from probe_common import kernel_table  # noqa: E402
 
 
 def backward_of(name: str, deterministic: bool):
@@ -33,16 +33,7 @@ def backward_of(name: str, deterministic: bool):
 
 
 def by_kernel(name: str, deterministic: bool, reps: int = 5) -> None:
-    run = backward_of(name, deterministic)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            run()
-        torch.cuda.synchronize()
-    rows = [(e.key, e.device_time_total / reps, e.count // reps) for e in prof.key_averages() if e.device_time_total > 0]
-    total = sum(r[1] for r in rows)
-    print(f"== {name} deterministic={deterministic}: GPU time per backward {total:.0f} us")
-    for key, t, n in sorted(rows, key=lambda r: -r[1]):
-        print(f"   {t:9.1f} us {100 * t / total:5.1f}%  x{n}  {key[:90]}")
+    kernel_table(backward_of(name, deterministic), f"{name} deterministic={deterministic}", reps)
 
 
 if __name__ == "__main__":
