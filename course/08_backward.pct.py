@@ -921,12 +921,20 @@ if gpu_or_skip("timing SDPA's backward"):
 # it, cut the loop from 939 instructions to about 690 on an unmasked step; in one probe on an H200 the
 # backward went from 1.02x cuDNN's to 1.10x on large and from 0.95-1.01x to 1.01-1.08x at 4k-16k
 # (`2026-12-02_h200_step08_v4_cursor_probes.txt`). In a kernel that waits on latency, instructions
-# that are not multiply-adds are not free: they sit between one product and the next.
+# that are not multiply-adds are not free: they sit between one product and the next. One more kind
+# was left: the descriptors of $K$ and $V$, built from the warpgroup index `threadIdx.x / 128`. WGMMA
+# reads its descriptors from the uniform registers, one copy a warp; nvcc cannot see that this index
+# is the same in all 32 lanes, so it built them per thread and copied them over, 48 `R2UR` a step.
+# Taken through `__shfl_sync` (lane 0's value, which the compiler knows is uniform), the index kept
+# them on the uniform datapath: the loop, both paths of the mask counted, went from 826 instructions
+# to 695. This time the gain was small: a few TFLOP/s on large and with a causal mask, none without one
+# (`2026-12-02_h200_step08_v4_uniform_probes.txt`): the loop now waits on its products more than on
+# its instructions.
 #
 # The cell below reads the newest committed ladder run: each rung's backward at the 4k-16k points
 # (fp16, TFLOP/s), cuDNN's backward beside them, and what the deterministic mode costs. v4 is the
-# step's solution: on an H200, in fp16, it runs 1.09x cuDNN's backward on large, 1.02-1.06x without a
-# causal mask and 1.05-1.08x with one at 4k-16k (`2026-12-02_h200_step08.json`).
+# step's solution: on an H200, in fp16, it runs 1.10x cuDNN's backward on large, 1.01-1.05x without a
+# causal mask and 1.06-1.09x with one at 4k-16k (`2026-12-02_h200_step08.json`).
 
 # %%
 R08 = results.load("08")

@@ -39,6 +39,8 @@
 // a step ahead and persistent CTAs, all slower: 2026-11-28_h200_step08_v4_dq_passes_probes.txt. The step's (head,
 // block) by a cursor and the mask only where a step needs it (a quarter fewer instructions a step, after Nsight Compute
 // counted 1.53x FlashAttention-4's): 2026-12-02_h200_step08_v4_cursor_probes.txt, 2026-12-02_h200_fa4_reference.txt.
+// The warpgroup index through a shuffle, so that K's and V's descriptors stay uniform (a sixth fewer again, up to 1%
+// faster): 2026-12-02_h200_step08_v4_uniform_probes.txt.
 #include "student_kernel_solution.cu"
 #include "v4_hopper.h"
 
@@ -277,10 +279,12 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
   const float c = p.scale * LOG2E;
   const int off = p.Skv - p.Sq, key_wg = w.n_block * BN + wg * 64, key0 = key_wg + warp * 16 + lane / 4;
   uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
-  // a step masks when its query block starts below this (keys past Skv read as 0, their P must be 0 too):
-  // one register, not three live across the loop
+  // a step masks when the key block is ragged (keys past Skv read as 0, their P must be 0 too) or its query
+  // block starts below causal_below: a predicate and one register live across the loop (an int for both
+  // spilled at BM 80)
   const bool causal = BM == 64 && p.causal;  // fa_bwd_block_m: blocks of 80 are never causal; no mask test there
-  const int mask_below = key_wg + 64 > p.Skv ? INT_MAX : causal ? key_wg + 63 - off : INT_MIN;
+  const bool ragged = key_wg + 64 > p.Skv;
+  const int causal_below = causal ? key_wg + 63 - off : INT_MIN;
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -359,7 +363,7 @@ HP_DEVICE void dkdv_mainloop(unsigned char* smem, Bars& bars, const FaBwdParams&
         }
       }
     };
-    if (q0 < mask_below) p_of_s(std::true_type{});
+    if (ragged || q0 < causal_below) p_of_s(std::true_type{});
     else p_of_s(std::false_type{});
     if constexpr (!kLateDv) {
       // dV_w += P^T dO_i needs this warpgroup's registers only: it runs under dS^T and the barrier
@@ -481,7 +485,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;  // the producer warpgroup is done; only the consumers go on (with 240 registers each)
   }
   setmaxnreg_inc<kConsumerRegsBwd>();
-  dkdv_mainloop<T, D, BM>(smem, bars, f, w, threadIdx.x / 128 - 1);
+  // the warpgroup's index through a shuffle, which nvcc knows is warp-uniform: the K and V descriptors built
+  // from it stay on the uniform datapath (from threadIdx.x alone they took 48 R2UR a step)
+  dkdv_mainloop<T, D, BM>(smem, bars, f, w, __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1);
 }
 
 // dQ = scale * dq_acc, from the fragment order of the hand-over: float4 i of a tile is warpgroup i / (16 BM),

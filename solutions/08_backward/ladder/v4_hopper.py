@@ -11,8 +11,8 @@ add into each dQ tile in a fixed order (a semaphore per tile), so two runs give 
 Routing, call by call: the CUDA kernels on an sm_90 GPU for fp16/bf16 and D 64 or 128; v3 (forward: step
 05's Triton kernel; backward: v3's) everywhere else, on a CPU included.
 
-The step's solution (the verdict has the figures): ahead of v3 on large and at 4k-16k; on an H200 level
-with cuDNN's backward (0.96-1.03x).
+The step's solution (the verdict has the figures): ahead of v3 on large and at 4k-16k; on an H200
+1.01-1.10x cuDNN's backward there (benchmarks/results/2026-12-02_h200_step08.json).
 """
 import functools
 import os
