@@ -83,6 +83,9 @@
 #ifndef HFA_WINDOW
 #define HFA_WINDOW 0
 #endif
+#ifndef HFA_UNIFORM_WG  // 1: the consumers' warpgroup index through a shuffle, which nvcc knows is warp-uniform (probe)
+#define HFA_UNIFORM_WG 0
+#endif
 
 namespace hfa {
 using namespace hp;

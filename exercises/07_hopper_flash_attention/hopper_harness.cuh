@@ -88,6 +88,16 @@ HP_DEVICE void consumer(unsigned char* smem, Barriers& bars, const FaParams& p, 
 namespace hfa {
 
 // ============================================================================ kernel
+// This consumer warpgroup's index, 0 or 1. HFA_UNIFORM_WG: lane 0's through a shuffle, which nvcc knows is the same in
+// every lane, so that the descriptors built from it stay on the uniform datapath (no R2UR a key block)
+HP_DEVICE int consumer_index() {
+#if HFA_UNIFORM_WG
+  return __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;
+#else
+  return threadIdx.x / 128 - 1;
+#endif
+}
+
 // Thread 0 fetches the tensor maps and sets up the ring's, Q's and the tile hand-over's mbarriers (full:
 // one arrival, the producer's; empty: one lane per consumer warp); then the whole CTA syncs.
 HP_DEVICE void init_barriers(Barriers& bars, const CUtensorMap* tm_q, const CUtensorMap* tm_k, const CUtensorMap* tm_v,
@@ -136,9 +146,9 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   } else {
     setmaxnreg_inc<kConsumerRegs>();
 #if HFA_OVERLAP_TILES
-    consumer_overlapped<T, D>(smem, bars, p, sched, threadIdx.x / 128 - 1);
+    consumer_overlapped<T, D>(smem, bars, p, sched, consumer_index());
 #else
-    consumer<T, D>(smem, bars, p, sched, threadIdx.x / 128 - 1);
+    consumer<T, D>(smem, bars, p, sched, consumer_index());
 #endif
   }
 }
