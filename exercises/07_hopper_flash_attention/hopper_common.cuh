@@ -25,6 +25,7 @@
 // epilogue stores O 16 bytes a lane; HFA_LPT (default 0; v11_lpt_sections): causal tiles longest first within
 // sections of heads (TileScheduler); HFA_OVERLAP_TILES (default 0; v12_overlap_tiles): two Q slots and the next
 // tile's first S issued before this tile's epilogue (the producer and the consumers' loop of ladder/overlap_tiles.cuh);
+// HFA_UNIFORM_WG (default 0; v13_uniform_wg): the consumers' warpgroup index through a shuffle (consumer_index);
 // and HFA_WINDOW (default 0, no rung of this step),
 // the sliding window of FaParams::window (first_kv_block, window_cuts, apply_mask), for step 10's
 // v6_hopper_window.
@@ -83,7 +84,7 @@
 #ifndef HFA_WINDOW
 #define HFA_WINDOW 0
 #endif
-#ifndef HFA_UNIFORM_WG  // 1: the consumers' warpgroup index through a shuffle, which nvcc knows is warp-uniform (probe)
+#ifndef HFA_UNIFORM_WG
 #define HFA_UNIFORM_WG 0
 #endif
 
