@@ -65,6 +65,7 @@ def release(selected: list[str] | None, workspace: Path, release_dir: Path | Non
 
 _RELEASE = """
 import sys
+sys.modules.setdefault("rfc3987_syntax", None)     # as in every grading process: autograder/__init__.py
 from nbgrader.apps import NbGraderAPI
 from nbgrader.apps.nbgraderapp import NbGraderApp
 
