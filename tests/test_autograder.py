@@ -219,6 +219,13 @@ def test_a_fresh_workspace_takes_the_release_from_the_cache(tmp_path, monkeypatc
     a = ["01_vanilla_attention"]
     staging.prepare(tmp_path / "ws1", a)
     assert len(list((tmp_path / "cache").iterdir())) == 1
+    # the new gradebook records the head of nbgrader's migrations that nbgrader's own `alembic heads` gives
+    # (staging._RELEASE reads it in process)
+    import sqlite3
+    from nbgrader.api import get_alembic_version
+    monkeypatch.setenv("PATH", staging.nbgrader_env(tmp_path)["PATH"])
+    with sqlite3.connect(tmp_path / "ws1" / "gradebook.db") as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(get_alembic_version(),)]
     monkeypatch.setattr(staging, "release", lambda *args, **kw: pytest.fail("released again"))
     staging.prepare(tmp_path / "ws2", a)
     assert (tmp_path / "ws2" / "release" / a[0] / f"{a[0]}.ipynb").is_file()

@@ -1,6 +1,7 @@
 """A written answer graded by hand in nbgrader's formgrader, in a real browser (issue 33).
 
-alice's step-02 sample is graded by `python -m autograder autograde`; then the JupyterLab that
+alice's step-02 sample is graded by `python -m autograder autograde` (beside bob's: the grading run of
+tests/test_instructor_grading.py, once per test run, copied); then the JupyterLab that
 `python -m autograder formgrader` starts (the same command line: `formgrader.lab_command`, in
 autograder/, on 127.0.0.1) serves the formgrader, and headless Chromium opens the assignment's list of
 submissions (after the printed /lab?token= address logged the browser in), clicks alice's, types points and a comment for her written answer as an instructor
@@ -15,8 +16,6 @@ from __future__ import annotations
 import csv
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,8 +23,9 @@ import pytest
 
 from conftest import ROOT
 from lab_server import running_lab
-from autograder import cli, formgrader, model
+from autograder import cli, formgrader
 from test_browser import ARTIFACTS, _chromium, _free_port, _playwright
+from test_instructor_grading import graded_samples
 
 A = "02_safe_softmax"
 WRITTEN = "written_safe_softmax"
@@ -55,13 +55,8 @@ def formgrader_lab(tmp_path_factory):
     chromium, sync_playwright = _chromium(), _playwright()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     root = tmp_path_factory.mktemp("formgrader")
-    ws, subs = root / "ws", root / "subs"
-    shutil.copytree(model.SAMPLES / "alice" / A, subs / "alice" / A)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    env.pop(model.JUDGE_ENV, None)
-    r = subprocess.run([sys.executable, "-m", "autograder", "--workspace", str(ws), "autograde", str(subs)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ws = root / "ws"
+    shutil.copytree(graded_samples(tmp_path_factory)[0], ws, symlinks=True)   # a copy of the shared run's
 
     port, token = _free_port(), "t" + os.urandom(12).hex()
     cmd, env, cwd = formgrader.lab_command(ws, port, token)

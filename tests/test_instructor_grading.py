@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, computed_once, this_run
 from autograder import cli, model
 
 A = "02_safe_softmax"
@@ -34,15 +34,24 @@ def _autograde(ws: Path, subs: Path) -> subprocess.CompletedProcess:
     return r
 
 
+def graded_samples(tmp_path_factory) -> tuple[Path, Path]:
+    """(workspace, submissions) after one grading run of alice's and bob's step-02 samples: once per
+    test run (conftest.computed_once), whichever worker asks first; tests/test_formgrader_browser.py
+    starts from it too. Read-only: a test works on its own copy."""
+    def run():
+        root = tmp_path_factory.mktemp("graded")
+        subs = root / "subs"
+        for s in ("alice", "bob"):
+            shutil.copytree(model.SAMPLES / s / A, subs / s / A)
+        _autograde(root / "ws", subs)
+        return [str(root / "ws"), str(subs)]
+    ws, subs = computed_once(this_run() + "\0autograde 02_safe_softmax alice bob", run)
+    return Path(ws), Path(subs)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """(workspace, submissions) after one grading run of alice's and bob's step-02 samples."""
-    root = tmp_path_factory.mktemp("graded")
-    subs = root / "subs"
-    for s in ("alice", "bob"):
-        shutil.copytree(model.SAMPLES / s / A, subs / s / A)
-    _autograde(root / "ws", subs)
-    return root / "ws", subs
+    return graded_samples(tmp_path_factory)
 
 
 @pytest.fixture
