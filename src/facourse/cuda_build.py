@@ -5,7 +5,7 @@
 - ``nvcc_compile_check(source, arch="sm_80")``: compiles one .cu file with nvcc alone (no torch
   headers, works with a CPU-only torch, where ``load_inline`` cannot build) with ``-Xptxas -v`` and
   reports errors and, per kernel, registers, spills, stack and static shared memory.
-- ``sass_opcodes(source, arch="sm_90a")``: compiles to a cubin and counts the machine instructions
+- ``sass_opcodes(source, arch="sm_90a")``: compiles to a cubin (``dump_sass``) and counts the machine instructions
   (SASS, by ``cuobjdump``) by opcode: ``HGMMA`` (wgmma), ``UTMALDG`` (TMA loads), ``HMMA``
   (mma.sync), ``LDGSTS`` (cp.async), ``SYNCS`` (mbarrier)... ``check_sass`` says which required
   opcodes are missing (step 07 must use WGMMA and TMA: ``HOPPER_OPCODES``).
@@ -24,8 +24,8 @@ from pathlib import Path
 from .errors import TeachingError
 
 __all__ = ["CompileReport", "HOPPER_OPCODES", "KernelResources", "SassCheckError", "ToolUnavailable", "check_sass",
-           "count_opcodes", "find_cuobjdump", "gencode_flag", "load_cuda_extension", "load_hopper_rung", "nvcc_compile_check",
-           "nvcc_errors", "sass_opcodes", "sass_summary"]
+           "count_opcodes", "dump_sass", "find_cuobjdump", "gencode_flag", "load_cuda_extension", "load_hopper_rung",
+           "nvcc_compile_check", "nvcc_errors", "sass_opcodes", "sass_summary"]
 
 
 def gencode_flag(arch: str) -> str:
@@ -318,7 +318,14 @@ def count_opcodes(sass: str) -> collections.Counter:
 def sass_opcodes(source, arch: str = "sm_90a", include_dirs=(), extra=(), nvcc: str | None = None,
                  timeout: float = 300) -> collections.Counter:
     """Compile ``source`` (a .cu path or CUDA source text) to a cubin for ``arch`` and count its SASS
-    instructions by opcode, over every kernel and template instance in it.
+    instructions by opcode, over every kernel and template instance in it (``dump_sass``'s text)."""
+    return count_opcodes(dump_sass(source, arch, include_dirs, extra, nvcc, timeout))
+
+
+def dump_sass(source, arch: str = "sm_90a", include_dirs=(), extra=(), nvcc: str | None = None,
+              timeout: float = 300) -> str:
+    """``cuobjdump --dump-sass`` of ``source`` (a .cu path or CUDA source text) compiled to a cubin for ``arch``
+    with nvcc's ``extra`` flags: every kernel and template instance in it.
 
     Raises :class:`ToolUnavailable` without nvcc or cuobjdump (``pip install nvidia-cuda-cuobjdump
     nvidia-cuda-nvdisasm``), and ``RuntimeError`` with nvcc's errors when the source does not compile.
@@ -351,7 +358,7 @@ def sass_opcodes(source, arch: str = "sm_90a", include_dirs=(), extra=(), nvcc: 
                            timeout=timeout, env=env)
         if d.returncode != 0:
             raise ToolUnavailable(f"cuobjdump could not read the cubin: {(d.stderr or d.stdout).strip()[:500]}")
-    return count_opcodes(d.stdout)
+    return d.stdout
 
 
 def sass_summary(counts: collections.Counter) -> str:
