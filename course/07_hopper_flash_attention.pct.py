@@ -676,6 +676,7 @@ else:
 # | `v11_lpt_sections` | causal tiles longest first within sections of heads | FA3's code (its LPT scheduler) |
 # | `v12_overlap_tiles` | two $Q$ slots; the next tile's first $S$ issued under this tile's epilogue | (did not pay) |
 # | `v13_uniform_wg` | v11 with a warp-uniform warpgroup index (no copies of descriptors a key block): the ladder's solution | FA3's code (CUTLASS's `canonical_warp_group_idx`) |
+# | `v14_desc_add` | v13 with each k-step's descriptor built as the first plus an offset (timed in a probe, not yet in a ladder run) | CUTLASS's descriptor iterator |
 #
 # FA3's own ablation (§4.2, Table 2; non-causal, head dimension 128, about 8k tokens) measured
 # 661 TFLOP/s for the full kernel, 582 without the softmax/GEMM pipelining and 570 without warp

@@ -260,7 +260,7 @@ def test_visible_cells_name_each_planted_bug(tmp_path):
 # v9-v11's and v13's switches, which the exercise's build leaves off; HFA_LPT_MB 1: sections of 1 MB of K and V, so that
 # the first problem's 3 heads (Skv 1024, D 128: 512 KB a head) make two sections, the second one short
 SWITCHES = "".join(f"#define {d} 1\n" for d in ("HFA_PREFETCH_Q", "HFA_EARLY_K", "HFA_WIDE_STORES", "HFA_LPT", "HFA_LPT_MB",
-                                                "HFA_UNIFORM_WG"))
+                                                "HFA_UNIFORM_WG", "HFA_DESC_ADD"))
 SWITCH_PROBLEMS = (
     emu_hopper.Problem("lpt_sections", D=128, B=3, Hq=2, Hkv=1, Sq=300, Skv=1024, causal=True, seed=8),
     emu_hopper.Problem("causal_offset", D=64, B=1, Hq=2, Hkv=1, Sq=200, Skv=520, causal=True, seed=2),
@@ -272,6 +272,7 @@ SWITCH_BUGS = {
     "lpt_sections_overlap": ("hopper_common.cuh", "bh = s0 + r % width", "bh = r % width"),
     "early_k_next_slot": ("student_kernel.cu", "mbar_expect_tx(&bars.k_full[slot(it)], L::kKVBytes);",
                           "mbar_expect_tx(&bars.k_full[slot(it + 1)], L::kKVBytes);"),
+    "desc_add_v_step": ("student_kernel.cu", "smem_desc_add(dv0, kk * 16 * 128)", "smem_desc_add(dv0, kk * 16 * 64)"),
 }
 
 
@@ -305,7 +306,7 @@ def _switch_failures(build, problems=SWITCH_PROBLEMS) -> list[str]:
 
 @needs_gxx
 def test_ladder_switches_compute_the_same_attention(tmp_path):
-    """The switches of v9_prefetch_q, v10_wide_stores, v11_lpt_sections and v13_uniform_wg, all on at 128-key
+    """The switches of v9_prefetch_q, v10_wide_stores, v11_lpt_sections, v13_uniform_wg and v14_desc_add, all on at 128-key
     blocks, run the whole kernel on the emulated CTA (which takes every tile, in the scheduler's order) to the model's
     attention; a bug planted in each switch's code fails."""
     assert _switch_failures(_switch_build(tmp_path / "switches")) == []

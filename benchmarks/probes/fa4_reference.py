@@ -24,6 +24,8 @@ wheels (64 MiB a call: the MLIR library of nvidia-cutlass-dsl is 193 MB), made o
     python benchmarks/probes/fa4_reference.py kernels    # both backwards kernel by kernel (torch.profiler)
     ncu -k regex:"FlashAttentionBackwardSm90|bwd_kernel" -s 3 -c 1 --section ... \
         python benchmarks/probes/fa4_reference.py one fa4 noncausal_8k   # four backwards of one, for Nsight Compute
+    ncu -k regex:"FlashAttentionForwardSm90|hopper_fa_kernel" -s 4 -c 1 --section ... \
+        python benchmarks/probes/fa4_reference.py one_forward step07 noncausal_8k   # five forwards of one
 
 Two methods: the course's bench (facourse.bench: interleaved with cuDNN, L2 flushed, median), then triton's do_bench
 back to back (each kernel alone, its own L2 flush, median): a ratio near 1 is read only where both agree.
@@ -129,13 +131,20 @@ def main() -> None:
     import flash_attn.cute
     print(f"# flash-attn-4 {getattr(flash_attn, '__version__', '?')}, nvidia-cutlass-dsl "
           f"{getattr(cutlass, '__version__', '?')}, from {os.path.dirname(flash_attn.cute.__file__)}", flush=True)
-    if MODE == "forward":
+    if MODE in ("forward", "one_forward"):
         fns = {"fa4": fa4, "step07": entry(build(""))}  # the ladder's solution, as v4_fwd_variants builds it
     else:
         import v4_hopper
         fns = {"fa4": fa4, "v4_hopper": v4_hopper.flash_attention_train}
     if MODE == "one":
         backward_of(fns[sys.argv[2]], sys.argv[2], sys.argv[3])()
+        torch.cuda.synchronize()
+        return
+    if MODE == "one_forward":  # five forwards of one kernel (the first compiles), for Nsight Compute's -s 4 -c 1
+        cfg = get_config(sys.argv[3], "cuda")
+        q, k, v = make_inputs(cfg, 0, "cuda", torch.float16, layout_of(sys.argv[2]))
+        for _ in range(5):
+            fns[sys.argv[2]](q, k, v, cfg.causal)
         torch.cuda.synchronize()
         return
     if MODE == "kernels":

@@ -26,7 +26,8 @@
 // sections of heads (TileScheduler); HFA_OVERLAP_TILES (default 0; v12_overlap_tiles): two Q slots and the next
 // tile's first S issued before this tile's epilogue (the producer and the consumers' loop of ladder/overlap_tiles.cuh);
 // HFA_UNIFORM_WG (default 0; v13_uniform_wg): the consumers' warpgroup index through a shuffle (consumer_index);
-// and HFA_WINDOW (default 0, no rung of this step),
+// HFA_DESC_ADD (default 0; v14_desc_add): each k-step's WGMMA descriptor as the block's first plus its offset
+// (gemm_qk, gemm_pv); and HFA_WINDOW (default 0, no rung of this step),
 // the sliding window of FaParams::window (first_kv_block, window_cuts, apply_mask), for step 10's
 // v6_hopper_window.
 #pragma once
@@ -87,6 +88,9 @@
 #ifndef HFA_UNIFORM_WG
 #define HFA_UNIFORM_WG 0
 #endif
+#ifndef HFA_DESC_ADD
+#define HFA_DESC_ADD 0
+#endif
 
 namespace hfa {
 using namespace hp;
@@ -108,6 +112,7 @@ constexpr bool kTrimFirst = HFA_TRIM_FIRST;        // the rightmost key block's 
 constexpr bool kPrefetchQ = HFA_PREFETCH_Q;        // the next tile's Q into L2 as soon as the producer knows the tile
 constexpr bool kEarlyK = HFA_EARLY_K;              // the next tile's first K before its Q (whose slot frees last)
 constexpr bool kWideStores = HFA_WIDE_STORES;      // the epilogue stores O 16 bytes a lane (a quad transpose first)
+constexpr bool kDescAdd = HFA_DESC_ADD;            // k-step descriptors: the first plus an offset (smem_desc_add)
 constexpr bool kLpt = HFA_LPT;                     // causal: longest tiles first across a section of heads
 constexpr int64_t kLptL2Bytes = (int64_t)HFA_LPT_MB << 20;  // the K and V a section's heads read, at most (L2: 50-60 MB)
 constexpr int kQStages = HFA_OVERLAP_TILES ? 2 : 1;  // Q slots (the second with q2_full, q2_empty)

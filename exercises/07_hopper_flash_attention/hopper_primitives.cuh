@@ -4,7 +4,7 @@
 //   mbarrier    mbar_init, mbar_expect_tx, mbar_arrive, mbar_wait (phase parity)
 //   TMA         tma_load_4d (cp.async.bulk.tensor), prefetch_tensormap; bulk_reduce_add_f32,
 //               bulk_commit/wait, fence_proxy_async_shared (step 08's Hopper backward adds dQ with them)
-//   WGMMA       smem_desc (shared-memory matrix descriptor), wgmma_fence/commit/wait,
+//   WGMMA       smem_desc (shared-memory matrix descriptor), smem_desc_add, wgmma_fence/commit/wait,
 //               wgmma_ss_n128 (A and B from shared memory), wgmma_rs<N> (A from registers),
 //               wgmma_ss<T, N, TA, TB> (the shared-memory form at N 64 to 192, either operand MN-major)
 //   warpgroups  setmaxnreg_inc/dec, named_bar_sync/arrive
@@ -130,6 +130,9 @@ HP_DEVICE uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride
   return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((lead_bytes >> 4) & 0x3FFF) << 16) |
          ((uint64_t)((stride_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
+// The descriptor of the operand `bytes` further on: the address field is the low 14 bits of (address >> 4), and a
+// CTA's shared memory (under 256 KB) keeps address + bytes inside it, so the sum never carries into the next field.
+HP_DEVICE uint64_t smem_desc_add(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 template <typename T> struct WgmmaType;
 template <> struct WgmmaType<__half> { static constexpr const char* name = "f16"; };
 template <> struct WgmmaType<__nv_bfloat16> { static constexpr const char* name = "bf16"; };

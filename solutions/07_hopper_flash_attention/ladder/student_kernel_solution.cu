@@ -90,6 +90,17 @@ template <typename T, int D>
 HP_DEVICE void gemm_qk(float (&s)[BLOCK_N / 2], uint32_t q_addr, uint32_t k_addr) {
   // BEGIN SOLUTION
   wgmma_fence();
+  // LADDER ONLY { v14_desc_add: the first k-step's descriptors built once, the others by adding the offset
+  if constexpr (kDescAdd) {
+    const uint64_t da0 = smem_desc(q_addr, 16, 1024), db0 = smem_desc(k_addr, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, BLOCK_N, 0, 0>(s, smem_desc_add(da0, (kk / 4) * BLOCK_M * 128 + (kk % 4) * 32),
+                                 smem_desc_add(db0, (kk / 4) * BLOCK_N * 128 + (kk % 4) * 32), kk > 0);
+    wgmma_commit();
+    return;
+  }
+  // } LADDER ONLY
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t off = (kk % 4) * 32;
@@ -111,6 +122,15 @@ template <typename T, int D>
 HP_DEVICE void gemm_pv(float (&o)[D / 2], uint32_t (&p)[BLOCK_N / 16][4], uint32_t v_addr) {
   // BEGIN SOLUTION
   wgmma_fence();
+  // LADDER ONLY { v14_desc_add
+  if constexpr (kDescAdd) {
+    const uint64_t dv0 = smem_desc(v_addr, BLOCK_N * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs<T, D>(o, p[kk], smem_desc_add(dv0, kk * 16 * 128));
+    wgmma_commit();
+    return;
+  }
+  // } LADDER ONLY
 #pragma unroll
   for (int kk = 0; kk < BLOCK_N / 16; ++kk)
     wgmma_rs<T, D>(o, p[kk], smem_desc(v_addr + kk * 16 * 128, BLOCK_N * 128, 1024));
