@@ -51,7 +51,7 @@ PERF_CELLS = {"perf_large", "perf_long"}
 @needs_nvcc
 def test_every_kernel_compiles_for_sm90a_without_spills():
     """The ladder's solution, the exercise's solution and the stub: all four instances (fp16/bf16 x D 64/128); the
-    other rungs, timed in fp16 at D 128 only: that instance (HFA_FP16_D128_ONLY, a third of the CPU time). Each with
+    other rungs, timed in fp16 at D 128 only: that instance (HFA_FP16_D128_ONLY, about half the CPU time). Each with
     0 bytes spilled and no C75xx note (ptxas serialising WGMMAs or inserting its own waits). The rungs' device code
     alone: their host code is the solution's harness, compiled with the solution and the stub."""
     every_instance = {load_step("07")["ladder"]["solution"] + ".cu", "student_kernel_solution.cu", "student_kernel.cu"}
