@@ -257,7 +257,7 @@ def test_visible_cells_name_each_planted_bug(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the ladder's switches
-# v9-v11's and v13's switches, which the exercise's build leaves off; HFA_LPT_MB 1: sections of 1 MB of K and V, so that
+# v9-v11's, v13's and v14's switches, which the exercise's build leaves off; HFA_LPT_MB 1: sections of 1 MB of K and V, so that
 # the first problem's 3 heads (Skv 1024, D 128: 512 KB a head) make two sections, the second one short
 SWITCHES = "".join(f"#define {d} 1\n" for d in ("HFA_PREFETCH_Q", "HFA_EARLY_K", "HFA_WIDE_STORES", "HFA_LPT", "HFA_LPT_MB",
                                                 "HFA_UNIFORM_WG", "HFA_DESC_ADD"))

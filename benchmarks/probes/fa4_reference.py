@@ -13,7 +13,8 @@ wheels (64 MiB a call: the MLIR library of nvidia-cutlass-dsl is 193 MB), made o
         nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi torch-c-dlpack-ext \\
         quack-kernels einops          # (add --platform manylinux_2_24_x86_64 etc. where pip asks)
     mkdir site && for w in whl/*.whl; do unzip -q -o $w -d site; done   # then drop the dist-info folders, the
-    # aarch64 and QNX stubs, tvm_ffi's headers and sources (cuda-bindings: the image's torch 2.11 already needs it)
+    # aarch64 and QNX stubs, tvm_ffi's headers and sources, the *.pyi stubs and dsl_packages/iket (only quack's sm_120
+    # GEMM imports it): with them the archive and the checkout passed 64 MiB (cuda-bindings: the image's torch needs it)
     tar cf - -C site . | xz --x86 --lzma2=preset=9e,dict=256MiB > carry/fa4.tar.xz     # 5 minutes, about 55 MB
     # on the GPU machine: tar xJf carry/fa4.tar.xz -C /tmp/fa4 (PYTHONPATH below; dsl_packages replaces the .pth)
 
