@@ -5,7 +5,8 @@ course swaps them once per launch and module instead. A kernel calling helpers (
 triton.language's standard ones such as tl.sum) in a loop must give the same result with and without
 that change, swap each module at most once per launch with it, and leave triton.language as it found it
 after each launch. Its lighter frontend (a tuple's type worked out when first read, NumPy dtypes from one
-table) must give the same results, types and dtypes as Triton's own.
+table, block types and tensor shapes worked out once per shape) must give the same results, types,
+dtypes and shapes as Triton's own.
 """
 from __future__ import annotations
 
@@ -116,8 +117,22 @@ FRONTEND = textwrap.dedent("""
     kinds += [tl.block_type(k, [16, 4]) for k in kinds] + [tl.pointer_type(tl.float16),
                                                             tl.block_type(tl.pointer_type(tl.float32), [8])]
     dtypes = [str(interp._get_np_dtype(k)) == str(orig_np_dtype(k)) for k in kinds]
+    facts = []
+    for _ in range(2):                                # the second time from the course's caches
+        bt = [tl.block_type(tl.float32, [16, 4]), tl.block_type(tl.float32, [tl.constexpr(16), 4]),
+              tl.block_type(tl.pointer_type(tl.float16), [8]), tl.block_type(tl.pointer_type(tl.float16, const=True), [8])]
+        ts = [tl.core.tensor(None, b) for b in bt] + [tl.core.tensor(None, tl.float32)]
+        facts += [[str(b), b.numel, list(b.shape), str(b.element_ty)] for b in bt]
+        facts += [[f"{type(x.shape).__module__}.{type(x.shape).__name__}", repr(x.numel), [repr(s) for s in x.shape],
+                   str(x.dtype)] for x in ts]
+        facts.append(ts[0].shape is not ts[1].shape)
+        for bad in ([3], [0]):
+            try:
+                tl.block_type(tl.float32, bad)
+            except (TypeError, ValueError) as e:
+                facts.append(type(e).__name__ + ": " + str(e))
     print(json.dumps({"out": y.tolist(), "lazy": lazy, "type": str(t.type), "named": str(named.type),
-                      "dtypes": all(dtypes)}))
+                      "dtypes": all(dtypes), "facts": facts}))
 """)
 
 
@@ -133,4 +148,50 @@ def test_the_frontend_is_lighter_and_computes_the_same():
     assert course["type"] == triton_own["type"], "a tuple's type read later differs from the one Triton makes"
     assert course["named"] == triton_own["named"] == "[a:constexpr_type[1]]", "a tuple lost the type it was given"
     assert course["dtypes"], "a NumPy dtype differs from Triton's"
+    assert course["facts"] == triton_own["facts"], "a block type or a tensor's shape differs from Triton's"
     assert course["lazy"] and not triton_own["lazy"], "the tuple's type was worked out when it was made"
+
+
+OVERFLOW = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton.runtime.interpreter as interp
+    from triton.language.semantic import TritonSemantic
+    if sys.argv[1] == "triton":                       # Triton's own behaviour: the course's change off
+        interp.InterpreterBuilder.__init__.no_dead_checks = True
+    from facourse.triton_setup import interpret_without_gpu
+    interpret_without_gpu()
+    import torch
+    import triton
+    import triton.language as tl
+
+    asserts = []
+    orig = TritonSemantic.device_assert
+    TritonSemantic.device_assert = lambda self, *a: (asserts.append(1), orig(self, *a))[1]
+
+    @triton.jit
+    def kernel(X, Y, N: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * N + tl.arange(0, N)
+        x = tl.load(X + offs)
+        tl.store(Y + offs, x * 1000003 + 7 - pid)     # wraps around in int32 for large x
+
+    x = torch.randint(-2**31, 2**31 - 1, (4 * 16,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    y = torch.empty_like(x)
+    kernel[(4,)](x, y, 16)
+    print(json.dumps({"out": y.tolist(), "asserts": len(asserts)}))
+""")
+
+
+def test_overflow_checks_that_cannot_fire_are_skipped_and_values_are_the_same():
+    """Without ``debug`` the interpreter's overflow checks end in a ``device_assert`` that does nothing:
+    the course skips them. The kernel's values (int32 wrapping around included) are Triton's."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    res = {}
+    for mode in ("course", "triton"):
+        r = subprocess.run([sys.executable, "-c", OVERFLOW, mode], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        res[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["course"]["out"] == res["triton"]["out"]
+    assert res["triton"]["asserts"] > 0, "Triton's own interpreter no longer checks overflow: drop the course's change"
+    assert res["course"]["asserts"] == 0, "the interpreter still computes overflow checks that cannot fire"

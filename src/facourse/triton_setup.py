@@ -43,6 +43,7 @@ def interpret_without_gpu() -> bool:
     _index_scalars_by_element()
     _patch_language_once_per_launch()
     _lighter_frontend()
+    _no_dead_overflow_checks()
     return True
 
 
@@ -118,6 +119,9 @@ def _lighter_frontend() -> None:
     type when it is made (one for every tensor's shape, most never read), and ``_get_np_dtype`` builds a
     dict of NumPy dtypes at every call. Here a tuple's type is worked out when first read, from the same
     values, and the dtypes are looked up in one dict; every result is Triton's."""
+    import builtins
+    import math
+
     import numpy as np
     import triton.language as tl
     import triton.runtime.interpreter as interp
@@ -144,6 +148,48 @@ def _lighter_frontend() -> None:
     core.tuple.type = LazyType()
     core.tuple.__init__ = tuple_init
 
+    block_init = core.block_type.__init__
+    blocks: dict = {}                 # (element type, shape) -> the shape, numel and name Triton works out
+
+    def type_key(t):                  # pointer types are unhashable (__eq__ without __hash__)
+        if isinstance(t, core.pointer_type):
+            return ("ptr", type_key(t.element_ty), t.address_space, t.const)
+        return t
+
+    def block_type_init(self, element_ty, shape):
+        try:
+            key = (type(element_ty), type_key(element_ty), builtins.tuple(core._unwrap_if_constexpr(s) for s in shape))
+            hit = blocks.get(key)
+        except TypeError:             # something unhashable in the shape: Triton's own path, and its error
+            key = hit = None
+        if hit is None:
+            block_init(self, element_ty, shape)
+            if key is not None:
+                blocks[key] = (self.shape, self.numel, self.name)
+        else:
+            self.element_ty = element_ty
+            self.shape, self.numel, self.name = hit
+
+    core.block_type.__init__ = block_type_init
+
+    shapes: dict = {}                 # a block's shape -> the tensor's numel and shape, as constexprs
+
+    def tensor_init(self, handle, type):
+        self.handle = handle
+        self.type = type
+        if type.is_block():
+            self.dtype = type.element_ty
+            hit = shapes.get(type.shape)
+            if hit is None:
+                hit = shapes[type.shape] = (core.constexpr(math.prod(type.shape)),
+                                            [core.constexpr(s) for s in type.shape])
+            self.numel, self.shape = hit[0], core.tuple(hit[1])     # a tuple of its own: Triton's type
+        else:
+            self.dtype = type.scalar
+            self.numel, self.shape = core.constexpr(1), core.tuple([])
+
+    core.tensor.__init__ = tensor_init
+
     orig = interp._get_np_dtype
     table: dict = {}
 
@@ -157,3 +203,30 @@ def _lighter_frontend() -> None:
         return table[tt_dtype]
 
     interp._get_np_dtype = get_np_dtype
+
+
+def _no_dead_overflow_checks() -> None:
+    """Triton 3.6's interpreter sanitizes integer overflow (``sanitize_overflow``) on every 32-bit add, sub
+    and mul: it redoes the operation in int64 and compares it with the bounds, then hands the result to
+    ``device_assert``, which does nothing unless ``debug`` is set, and the interpreter's ``debug`` is never
+    set. A third of the CPU time of an index-heavy kernel (step 09's) went to checks that could not fire:
+    without ``debug`` they are skipped, as in a compiled kernel; every value is Triton's."""
+    import dataclasses
+
+    import triton.runtime.interpreter as interp
+
+    cls = interp.InterpreterBuilder
+    if getattr(cls.__init__, "no_dead_checks", False):
+        return
+    orig = cls.__init__
+
+    def init(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        if not self.options.debug:
+            self.options = dataclasses.replace(self.options, sanitize_overflow=False)
+
+    init.no_dead_checks = True
+    cls.__init__ = init
+    b = interp.interpreter_builder
+    if not b.options.debug:
+        b.options = dataclasses.replace(b.options, sanitize_overflow=False)
