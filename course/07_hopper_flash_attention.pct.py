@@ -72,7 +72,7 @@ from facourse.hw import HardwareUnavailable, require_sm90a
 
 HOPPER = ROOT / "solutions" / "07_hopper_flash_attention"  # not in the student bundle
 LADDER = HOPPER / "ladder"
-RUNGS = sorted(LADDER.glob("v[0-9]*_*.cu"), key=lambda p: int(re.match(r"v(\d+)", p.stem)[1]))   # v1 ... v13
+RUNGS = sorted(LADDER.glob("v[0-9]*_*.cu"), key=lambda p: int(re.match(r"v(\d+)", p.stem)[1]))   # v1 ... v14
 R7 = results.load("07")   # the newest committed ladder run (course/results/measured.json), or None
 print("ladder rungs here:", [p.stem for p in RUNGS] or "none (the solutions/ folder is not in this bundle)")
 
@@ -675,8 +675,8 @@ else:
 # | `v10_wide_stores` | the epilogue's stores of $O$ 16 bytes a lane (a transpose within each quad first) | FA3's code stages $O$ for a TMA store |
 # | `v11_lpt_sections` | causal tiles longest first within sections of heads | FA3's code (its LPT scheduler) |
 # | `v12_overlap_tiles` | two $Q$ slots; the next tile's first $S$ issued under this tile's epilogue | (did not pay) |
-# | `v13_uniform_wg` | v11 with a warp-uniform warpgroup index (no copies of descriptors a key block): the ladder's solution | FA3's code (CUTLASS's `canonical_warp_group_idx`) |
-# | `v14_desc_add` | v13 with each k-step's descriptor built as the first plus an offset (timed in a probe, not yet in a ladder run) | CUTLASS's descriptor iterator |
+# | `v13_uniform_wg` | v11 with a warp-uniform warpgroup index (no copies of descriptors a key block) | FA3's code (CUTLASS's `canonical_warp_group_idx`) |
+# | `v14_desc_add` | v13 with each k-step's descriptor built as the first plus an offset: the ladder's solution | CUTLASS's descriptor iterator |
 #
 # FA3's own ablation (§4.2, Table 2; non-causal, head dimension 128, about 8k tokens) measured
 # 661 TFLOP/s for the full kernel, 582 without the softmax/GEMM pipelining and 570 without warp
@@ -730,7 +730,7 @@ if R7:
 
 # %% [markdown]
 # Each rung against the rung it builds on (v2-v4 on the one before; v5 and v6 on v4; v7-v10 on v6;
-# v11 on v10; v12 and v13 on v11), and the solution against the two references, as ratios of times (> 1: faster). The
+# v11 on v10; v12 and v13 on v11; v14 on v13), and the solution against the two references, as ratios of times (> 1: faster). The
 # last table is about tile scheduling: v4 against v3 (whose CTAs the hardware hands out as they
 # finish, like a dynamic counter), next to section 7's model of a static stride against a dynamic
 # counter. A static-stride v4 was measured once too, slower than the
@@ -742,7 +742,7 @@ if R7:
     BASE = {"v5_stages3": "v4_persistent", "v6_block_n176": "v4_persistent", "v7_rescale_in_turn": "v6_block_n176",
             "v8_trim_first": "v6_block_n176", "v9_prefetch_q": "v6_block_n176", "v10_wide_stores": "v6_block_n176",
             "v11_lpt_sections": "v10_wide_stores", "v12_overlap_tiles": "v11_lpt_sections",
-            "v13_uniform_wg": "v11_lpt_sections"}   # each rung's file says what it adds to which
+            "v13_uniform_wg": "v11_lpt_sections", "v14_desc_add": "v13_uniform_wg"}   # each rung's file says what it adds to which
     for prev, cur in zip(rungs, rungs[1:]):
         prev = BASE.get(cur, prev)
         r = {c: med(cur, c) / med(prev, c) for c in configs}
@@ -773,7 +773,7 @@ if R7:
 # Alternating with v4 in one process on an H200 it took 0.91-0.99x v4's time at every point, and 160
 # or 192 keys ran within 1 % of 176 (`benchmarks/results/2026-11-28_h200_step07_block_n.txt`). The
 # exercise keeps 128 (its harness, its CPU emulator and their messages count in 128-key blocks); the
-# ladder's solution, v13, is four defines away from yours. Step 10's window kernel keeps 128 too: a
+# ladder's solution, v14, is five defines away from yours. Step 10's window kernel keeps 128 too: a
 # 1024-key window is 9 blocks of 128 per tile, and at 176 it lost 3 % (same file, section 3).
 #
 # **FA3's rescale position.** FA3's mainloop rescales $O$ after issuing $QK^\top$ and before issuing
@@ -840,11 +840,19 @@ if R7:
 # through `__shfl_sync` from lane 0, which the compiler does know is uniform, the index keeps them on
 # the uniform datapath (`consumer_index` in the harness, switch `HFA_UNIFORM_WG`). A small gain:
 # alternating with v11 in one process on an H200, it was faster at every point but one
-# (`benchmarks/results/2026-12-02_h200_step07_uniform_wg_probes.txt`), and in the ladder run above it
-# reads 1.00x cuDNN on `large` and 1.08-1.11x causal at 4k-16k, against v11's 534 TFLOP/s and
-# 1.07-1.11x (`benchmarks/results/2026-12-02_h200_step07_v13.json`); in a second run 1.01x on `large` by the course's bench and by `do_bench`
-# (`benchmarks/results/2026-12-02_h200_step07_methods.json`). Without a causal mask it stays at
-# 1.00-1.04x.
+# (`benchmarks/results/2026-12-02_h200_step07_uniform_wg_probes.txt`).
+#
+# `v14_desc_add` came from a profile of FlashAttention-4's Hopper forward beside v13 on `noncausal_8k`:
+# the same softmax instructions, but 21 % more instructions in all in v13, half of the extra ones building
+# WGMMA descriptors on the uniform datapath (`benchmarks/results/2026-12-03_h200_step07_fa4_ncu.txt`). A
+# descriptor packs bits 4-17 of a shared-memory address with the layout's fields; v13 packs every
+# k-step's from scratch. v14 builds the block's first one and adds each k-step's byte offset, shifted
+# right by 4, to it, as CUTLASS's descriptor iterator does (`smem_desc_add`, switch `HFA_DESC_ADD`): the
+# key-block loop goes from 1007 instructions to 958. In the ladder run above it reads 1.01x cuDNN on
+# `large` and 1.08-1.12x causal at 4k-16k, ahead of v13 at six of the seven points and even at the
+# seventh (`benchmarks/results/2026-12-03_h200_step07_v14.json`); in a second run 1.01x on `large` by
+# `do_bench` and 1.03x by events (`benchmarks/results/2026-12-03_h200_step07_methods.json`). Without a
+# causal mask it stays at 1.01-1.05x.
 #
 # An older rung did not pay either: `v5_stages3` makes the K/V ring three
 # blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer
