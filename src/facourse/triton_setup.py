@@ -149,7 +149,7 @@ def _lighter_frontend() -> None:
     core.tuple.__init__ = tuple_init
 
     block_init = core.block_type.__init__
-    blocks: dict = {}                 # (element type, shape) -> the shape, numel and name Triton works out
+    blocks: dict = {}  # (element type, shape) -> what Triton works out: shape, numel, name; a tensor's numel and shape
 
     def type_key(t):                  # pointer types are unhashable (__eq__ without __hash__)
         if isinstance(t, core.pointer_type):
@@ -157,33 +157,32 @@ def _lighter_frontend() -> None:
         return t
 
     def block_type_init(self, element_ty, shape):
-        try:
-            key = (type(element_ty), type_key(element_ty), builtins.tuple(core._unwrap_if_constexpr(s) for s in shape))
+        try:                          # ints and constexprs hash apart: two entries, each Triton's own result
+            key = (type(element_ty), type_key(element_ty), builtins.tuple(shape))
             hit = blocks.get(key)
         except TypeError:             # something unhashable in the shape: Triton's own path, and its error
             key = hit = None
         if hit is None:
             block_init(self, element_ty, shape)
+            hit = (self.shape, self.numel, self.name, core.constexpr(math.prod(self.shape)),
+                   [core.constexpr(s) for s in self.shape])
             if key is not None:
-                blocks[key] = (self.shape, self.numel, self.name)
+                blocks[key] = hit
         else:
             self.element_ty = element_ty
-            self.shape, self.numel, self.name = hit
+            self.shape, self.numel, self.name = hit[:3]
+        self._tensor_shape = hit[3:]
 
     core.block_type.__init__ = block_type_init
-
-    shapes: dict = {}                 # a block's shape -> the tensor's numel and shape, as constexprs
 
     def tensor_init(self, handle, type):
         self.handle = handle
         self.type = type
         if type.is_block():
             self.dtype = type.element_ty
-            hit = shapes.get(type.shape)
-            if hit is None:
-                hit = shapes[type.shape] = (core.constexpr(math.prod(type.shape)),
-                                            [core.constexpr(s) for s in type.shape])
-            self.numel, self.shape = hit[0], core.tuple(hit[1])     # a tuple of its own: Triton's type
+            numel, dims = type.__dict__.get("_tensor_shape") or (core.constexpr(math.prod(type.shape)),
+                                                                  [core.constexpr(s) for s in type.shape])
+            self.numel, self.shape = numel, core.tuple(dims)     # a tuple of its own: Triton's type
         else:
             self.dtype = type.scalar
             self.numel, self.shape = core.constexpr(1), core.tuple([])
