@@ -5,8 +5,8 @@ course swaps them once per launch and module instead. A kernel calling helpers (
 triton.language's standard ones such as tl.sum) in a loop must give the same result with and without
 that change, swap each module at most once per launch with it, and leave triton.language as it found it
 after each launch. Its lighter frontend (a tuple's type worked out when first read, NumPy dtypes from one
-table, block types and tensor shapes worked out once per shape) must give the same results, types,
-dtypes and shapes as Triton's own.
+table, block types and tensor shapes worked out once per shape, no overflow checks that cannot fire)
+must give the same results, types, dtypes and shapes as Triton's own.
 """
 from __future__ import annotations
 
@@ -58,9 +58,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(mode: str) -> dict:
+def _run(mode: str, script: str = SCRIPT) -> dict:
+    """The JSON ``script`` prints last, run with the course's changes ("course") or Triton's own ("triton")."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -137,13 +138,7 @@ FRONTEND = textwrap.dedent("""
 
 
 def test_the_frontend_is_lighter_and_computes_the_same():
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    res = {}
-    for mode in ("course", "triton"):
-        r = subprocess.run([sys.executable, "-c", FRONTEND, mode], capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, r.stdout + r.stderr
-        res[mode] = json.loads(r.stdout.strip().splitlines()[-1])
-    course, triton_own = res["course"], res["triton"]
+    course, triton_own = _run("course", FRONTEND), _run("triton", FRONTEND)
     assert course["out"] == triton_own["out"]
     assert course["type"] == triton_own["type"], "a tuple's type read later differs from the one Triton makes"
     assert course["named"] == triton_own["named"] == "[a:constexpr_type[1]]", "a tuple lost the type it was given"
@@ -186,12 +181,7 @@ OVERFLOW = textwrap.dedent("""
 def test_overflow_checks_that_cannot_fire_are_skipped_and_values_are_the_same():
     """Without ``debug`` the interpreter's overflow checks end in a ``device_assert`` that does nothing:
     the course skips them. The kernel's values (int32 wrapping around included) are Triton's."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    res = {}
-    for mode in ("course", "triton"):
-        r = subprocess.run([sys.executable, "-c", OVERFLOW, mode], capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, r.stdout + r.stderr
-        res[mode] = json.loads(r.stdout.strip().splitlines()[-1])
-    assert res["course"]["out"] == res["triton"]["out"]
-    assert res["triton"]["asserts"] > 0, "Triton's own interpreter no longer checks overflow: drop the course's change"
-    assert res["course"]["asserts"] == 0, "the interpreter still computes overflow checks that cannot fire"
+    course, triton_own = _run("course", OVERFLOW), _run("triton", OVERFLOW)
+    assert course["out"] == triton_own["out"]
+    assert triton_own["asserts"] > 0, "Triton's own interpreter no longer checks overflow: drop the course's change"
+    assert course["asserts"] == 0, "the interpreter still computes overflow checks that cannot fire"

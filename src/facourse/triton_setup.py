@@ -118,7 +118,9 @@ def _lighter_frontend() -> None:
     program (a quarter of the CPU time of the course's interpreted kernels): ``tl.tuple`` works out its
     type when it is made (one for every tensor's shape, most never read), and ``_get_np_dtype`` builds a
     dict of NumPy dtypes at every call. Here a tuple's type is worked out when first read, from the same
-    values, and the dtypes are looked up in one dict; every result is Triton's."""
+    values, and the dtypes are looked up in one dict; a block type's shape, numel and name, and its tensors'
+    shape as constexprs, are worked out once per element type and shape (each tensor gets a tuple of its
+    own). Every result is Triton's."""
     import builtins
     import math
 
@@ -208,7 +210,7 @@ def _no_dead_overflow_checks() -> None:
     """Triton 3.6's interpreter sanitizes integer overflow (``sanitize_overflow``) on every 32-bit add, sub
     and mul: it redoes the operation in int64 and compares it with the bounds, then hands the result to
     ``device_assert``, which does nothing unless ``debug`` is set, and the interpreter's ``debug`` is never
-    set. A third of the CPU time of an index-heavy kernel (step 09's) went to checks that could not fire:
+    set. A quarter of the CPU time of step 09's paged decode went to checks that could not fire:
     without ``debug`` they are skipped, as in a compiled kernel; every value is Triton's."""
     import dataclasses
 
