@@ -218,7 +218,8 @@ def test_renamed_notebook_and_changed_grade_ids_are_repaired(tmp_path):
 def test_a_kernel_that_does_not_start_is_not_a_grade(tmp_path, monkeypatch):
     """A broken Jupyter set-up (the python3 kernel exits at once: nbgrader prints "Kernel died
     before replying to kernel_info" and gives 0): alice's submission is left ungraded, nothing
-    recorded; once the kernel starts again she gets her clean run's grade."""
+    recorded; once the kernel starts again she gets her clean run's grade (with Jupyter's own kernel, as
+    grading starts it: the rest of the suite's kernels are tools/fast_kernel.py's)."""
     spec = tmp_path / "jupyter" / "kernels" / "python3"
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, "-c", "raise SystemExit(1)",
