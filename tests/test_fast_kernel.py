@@ -4,7 +4,7 @@
 submissions, lectures, visible cells, JupyterLab) is one of these. A forked kernel must see what the
 kernel Jupyter would have started sees (folder, environment, sys.path, the thread settings torch was
 loaded with, Triton not yet imported), stop a cell on an interrupt, exit with the code its process
-ended with, and go when Jupyter kills the process it started; a kernel whose sys.path finds a
+ended with, and go when Jupyter kills the process it started or the process that started it goes; a kernel whose sys.path finds a
 preloaded package elsewhere runs that one.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -138,6 +139,33 @@ def test_interrupt_exit_code_and_kill_reach_the_forked_kernel(specs, tmp_path):
     finally:
         kc.stop_channels()
         km.cleanup_resources()
+
+
+def test_the_kernel_goes_when_the_process_that_started_it_goes(specs, tmp_path):
+    """nbgrader killed (a notebook past its time limit): its kernel goes too, as ipykernel's own would."""
+    script = tmp_path / "starter.py"
+    script.write_text(
+        "import json, sys, time\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from pathlib import Path\n"
+        "import test_fast_kernel as t\n"
+        "km, kc = t._kernel(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+        "print(t._probe(kc)['pid'], flush=True)\n"
+        "time.sleep(300)\n")
+    starter = subprocess.Popen([sys.executable, str(script), str(specs[0]), str(tmp_path)], stdout=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        kernel = int(starter.stdout.readline())
+        assert _alive(kernel)
+        starter.kill()
+        starter.wait()
+        for _ in range(100):
+            if not _alive(kernel):
+                break
+            time.sleep(0.1)
+        assert not _alive(kernel), "the kernel outlived the process that started it"
+    finally:
+        os.killpg(starter.pid, signal.SIGKILL) if starter.poll() is None else None
 
 
 def test_a_preloaded_package_found_elsewhere_is_loaded_from_there(specs, tmp_path):

@@ -11,8 +11,8 @@ that Jupyter's "python3" kernel is this file:
 * the zygote, which imported :data:`PRELOAD` once, forks; the child takes all of that on and runs
   ``ipykernel_launcher`` as a fresh kernel would, in a session of its own;
 * the client forwards the signals Jupyter sends it (an interrupt, a terminate) and exits as the kernel
-  exits (its code, or the same signal); when the client goes, however it goes (``SIGKILL`` of its
-  process group included), the zygote kills the kernel.
+  exits (its code, or the same signal), or when the process that started it goes; when the client
+  goes, however it goes (``SIGKILL`` of its process group included), the zygote kills the kernel's.
 
 A zygote serves one interpreter, one set of the settings read while torch loads (threads, allocator),
 one place for each preloaded package as the kernel's ``sys.path`` finds it, and this file's text: a
@@ -35,6 +35,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -134,6 +135,7 @@ def client(args: list[str]) -> None:
     pid = reply["pid"]
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, _frame: _forward(pid, signum))
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     try:
         (status, _) = _recv(sock)
     except (ConnectionError, OSError, ValueError):
@@ -144,10 +146,18 @@ def client(args: list[str]) -> None:
     os._exit(status.get("code", 1))
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Exit when the process that started this one goes, as ipykernel's own poller exits the kernel."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def _forward(pid: int, signum: int) -> None:
+    """To the kernel's process group (its session's: it and what it started), as Jupyter signals a kernel's."""
     try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
         pass
 
 
