@@ -118,10 +118,7 @@ def test_interrupt_exit_code_and_kill_reach_the_forked_kernel(specs, tmp_path):
         kernel = _probe(kc)["pid"]
         kc.execute("import os; os._exit(3)")
         proc = km.provisioner.process
-        for _ in range(100):
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
+        _within(10, lambda: proc.poll() is not None)
         assert proc.returncode == 3, proc.returncode
         assert not _alive(kernel)
     finally:
@@ -131,10 +128,7 @@ def test_interrupt_exit_code_and_kill_reach_the_forked_kernel(specs, tmp_path):
     try:
         kernel = _probe(kc)["pid"]
         os.killpg(os.getpgid(km.provisioner.process.pid), signal.SIGKILL)
-        for _ in range(50):
-            if not _alive(kernel):
-                break
-            time.sleep(0.1)
+        _within(10, lambda: not _alive(kernel))
         assert not _alive(kernel), "the forked kernel outlived the process Jupyter started"
     finally:
         kc.stop_channels()
@@ -145,7 +139,7 @@ def test_the_kernel_goes_when_the_process_that_started_it_goes(specs, tmp_path):
     """nbgrader killed (a notebook past its time limit): its kernel goes too, as ipykernel's own would."""
     script = tmp_path / "starter.py"
     script.write_text(
-        "import json, sys, time\n"
+        "import sys, time\n"
         f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
         "from pathlib import Path\n"
         "import test_fast_kernel as t\n"
@@ -159,13 +153,11 @@ def test_the_kernel_goes_when_the_process_that_started_it_goes(specs, tmp_path):
         assert _alive(kernel)
         starter.kill()
         starter.wait()
-        for _ in range(100):
-            if not _alive(kernel):
-                break
-            time.sleep(0.1)
+        _within(10, lambda: not _alive(kernel))
         assert not _alive(kernel), "the kernel outlived the process that started it"
     finally:
-        os.killpg(starter.pid, signal.SIGKILL) if starter.poll() is None else None
+        if starter.poll() is None:
+            os.killpg(starter.pid, signal.SIGKILL)
 
 
 def test_a_preloaded_package_found_elsewhere_is_loaded_from_there(specs, tmp_path):
@@ -183,6 +175,13 @@ def test_a_preloaded_package_found_elsewhere_is_loaded_from_there(specs, tmp_pat
         assert _probe(kc)["pid"] != km.provisioner.process.pid
     finally:
         _stop(km, kc)
+
+
+def _within(seconds: float, done) -> None:
+    """Wait until ``done()`` or ``seconds`` have passed (the caller asserts)."""
+    deadline = time.time() + seconds
+    while not done() and time.time() < deadline:
+        time.sleep(0.1)
 
 
 def _alive(pid: int) -> bool:
