@@ -225,7 +225,7 @@ case "$cmd" in
     export MALLOC_MMAP_MAX_=${MALLOC_MMAP_MAX_:-0} MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-4294967296}
     "$PY" -m compileall -q -j 0 src autograder tests > /dev/null || true
     # Notebook kernels forked from one that has imported torch and ipykernel (tools/fast_kernel.py):
-    # 3 CPU-seconds fewer for each of the suite's kernels. FAST_KERNELS=0: Jupyter's own.
+    # about 3.5 CPU-seconds fewer for each of the suite's kernels. FAST_KERNELS=0: Jupyter's own.
     if [ "${FAST_KERNELS:-1}" = 1 ]; then
       JUPYTER_PATH="$("$PY" tools/fast_kernel.py --spec "$VENV/share/fast_kernel")${JUPYTER_PATH:+:$JUPYTER_PATH}"
       export JUPYTER_PATH
