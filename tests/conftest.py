@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,23 @@ def this_run() -> str:
     """What names this test run in ``computed_once`` keys: pytest-xdist's run id, shared by its workers (a
     run without workers is one process: its pid)."""
     return os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid {os.getpid()}"
+
+
+def until(cond, what: str, limit: float = 240) -> None:
+    """Wait for ``cond()``; fail naming ``what`` after ``limit`` seconds."""
+    t0 = time.time()
+    while not cond():
+        assert time.time() - t0 < limit, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (gone, or a zombie waiting for a reaper, is not running)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 def load_module(path: Path, name: str | None = None):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_module
+from conftest import ROOT, load_module, running, until
 
 jupyter_client = pytest.importorskip("jupyter_client")
 fast_kernel = load_module(ROOT / "tools" / "fast_kernel.py", "fast_kernel")
@@ -118,9 +118,9 @@ def test_interrupt_exit_code_and_kill_reach_the_forked_kernel(specs, tmp_path):
         kernel = _probe(kc)["pid"]
         kc.execute("import os; os._exit(3)")
         proc = km.provisioner.process
-        _within(10, lambda: proc.poll() is not None)
+        until(lambda: proc.poll() is not None, "the process Jupyter started to exit", 10)
         assert proc.returncode == 3, proc.returncode
-        assert not _alive(kernel)
+        assert not running(kernel)
     finally:
         _stop(km, kc)
 
@@ -128,8 +128,7 @@ def test_interrupt_exit_code_and_kill_reach_the_forked_kernel(specs, tmp_path):
     try:
         kernel = _probe(kc)["pid"]
         os.killpg(os.getpgid(km.provisioner.process.pid), signal.SIGKILL)
-        _within(10, lambda: not _alive(kernel))
-        assert not _alive(kernel), "the forked kernel outlived the process Jupyter started"
+        until(lambda: not running(kernel), "the forked kernel to go with the process Jupyter started", 10)
     finally:
         kc.stop_channels()
         km.cleanup_resources()
@@ -150,11 +149,10 @@ def test_the_kernel_goes_when_the_process_that_started_it_goes(specs, tmp_path):
                                text=True, start_new_session=True)
     try:
         kernel = int(starter.stdout.readline())
-        assert _alive(kernel)
+        assert running(kernel)
         starter.kill()
         starter.wait()
-        _within(10, lambda: not _alive(kernel))
-        assert not _alive(kernel), "the kernel outlived the process that started it"
+        until(lambda: not running(kernel), "the kernel to go with the process that started it", 10)
     finally:
         if starter.poll() is None:
             os.killpg(starter.pid, signal.SIGKILL)
@@ -175,18 +173,3 @@ def test_a_preloaded_package_found_elsewhere_is_loaded_from_there(specs, tmp_pat
         assert _probe(kc)["pid"] != km.provisioner.process.pid
     finally:
         _stop(km, kc)
-
-
-def _within(seconds: float, done) -> None:
-    """Wait until ``done()`` or ``seconds`` have passed (the caller asserts)."""
-    deadline = time.time() + seconds
-    while not done() and time.time() < deadline:
-        time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")

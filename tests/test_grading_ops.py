@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, until
 from autograder import gradebook, grader, model, staging, workers
 from autograder.lock import LOCK_NAME, workspace_lock
 
@@ -47,13 +47,6 @@ def _start(ws, subs, *extra):
     return subprocess.Popen(_cmd(ws, subs, *extra), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, key: value})
-
-
-def _until(cond, what, limit=240):
-    t0 = time.time()
-    while not cond():
-        assert time.time() - t0 < limit, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def _in_flight(ws) -> list[str]:
@@ -111,7 +104,7 @@ def test_sigint_and_sigterm_record_nothing_in_flight_and_the_rerun_equals_a_clea
 
     # 1. before a submission starts: the lock is taken, the workers are not
     proc = _start(ws, subs, "--jobs", "2")
-    _until(lambda: (ws / LOCK_NAME).exists() and (ws / LOCK_NAME).read_text(), "the run to take the lock")
+    until(lambda: (ws / LOCK_NAME).exists() and (ws / LOCK_NAME).read_text(), "the run to take the lock")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
@@ -120,7 +113,7 @@ def test_sigint_and_sigterm_record_nothing_in_flight_and_the_rerun_equals_a_clea
 
     # 2. mid-notebook: both submissions in flight
     proc = _start(ws, subs, "--jobs", "2")
-    _until(lambda: len(_in_flight(ws)) == 2 or proc.poll() is not None, "two notebooks to start")
+    until(lambda: len(_in_flight(ws)) == 2 or proc.poll() is not None, "two notebooks to start")
     time.sleep(2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -134,8 +127,8 @@ def test_sigint_and_sigterm_record_nothing_in_flight_and_the_rerun_equals_a_clea
 
     # 3. SIGTERM once the first submission is recorded, the second still in flight
     proc = _start(ws, subs, "--jobs", "1")
-    _until(lambda: _recorded(ws) or proc.poll() is not None, "the first record")
-    _until(lambda: _in_flight(ws) or proc.poll() is not None, "the second notebook to start", 60)
+    until(lambda: _recorded(ws) or proc.poll() is not None, "the first record")
+    until(lambda: _in_flight(ws) or proc.poll() is not None, "the second notebook to start", 60)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     last = err.strip().splitlines()[-1]
@@ -158,7 +151,7 @@ def test_two_runs_on_one_workspace_and_regrading_one_student(tmp_path):
     next run grades it. Every final grade equals a clean run's."""
     ws, subs = tmp_path / "ws", _subs(tmp_path, ("alice", "bob"))
     first = _start(ws, subs, "--jobs", "2")
-    _until(lambda: (ws / LOCK_NAME).exists() and (ws / LOCK_NAME).read_text(), "the first run to take the lock")
+    until(lambda: (ws / LOCK_NAME).exists() and (ws / LOCK_NAME).read_text(), "the first run to take the lock")
     waiting = _start(ws, subs, "--wait")
     second = subprocess.run(_cmd(ws, subs), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert second.returncode == 2, second.stderr[-2000:]
@@ -183,7 +176,7 @@ def test_two_runs_on_one_workspace_and_regrading_one_student(tmp_path):
     # a lost worker: bob's nbgrader killed from outside; bob is not recorded, the others are kept
     model.result_path(ws, "bob", A).unlink()
     proc = _start(ws, subs, "--student", "bob")
-    _until(lambda: _grading_processes() or proc.poll() is not None, "bob's nbgrader")
+    until(lambda: _grading_processes() or proc.poll() is not None, "bob's nbgrader")
     time.sleep(1)
     for pid in _grading_processes():
         os.killpg(pid, signal.SIGKILL)
