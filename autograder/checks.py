@@ -66,7 +66,7 @@ TILE_SKIP = AttnConfig("tile_skip", 1, 4, 2, 256, 256, 32, True)
 
 def tile_skipping(fn, *, seed, device, blocks=((64, 64), (32, 64), (64, 32))):
     """Causal tiles entirely above the diagonal are skipped: the matmul FLOPs of each call (counted
-    with PyTorch's FLOP counter where the function ran, reported as ``fn.last_flops``) must be
+    with ``guards.MatmulFlops`` where the function ran, reported as ``fn.last_flops``) must be
     those of an FA2 loop that stops at the diagonal."""
     cfg = TILE_SKIP
     q, k, v = make_inputs(cfg, seed, device, layout="bshd")

@@ -28,6 +28,7 @@ from facourse.check import collecting
 
 from . import wire
 from .checks import CHECKS
+from .guards import MatmulFlops
 from .model import JUDGE_ENV as ENV
 
 #: judge.run_inprocess's judge, for the thread (context) that set it; else the kernel's environment names it. Threads
@@ -70,10 +71,9 @@ class Recorder:
         header = {"op": "call", "test": self.test, "check": self.index, "n": n}
         try:
             if self.count_flops:
-                from torch.utils.flop_counter import FlopCounterMode
-                with FlopCounterMode(display=False) as counter:
+                with MatmulFlops() as counter:
                     result = self.fn(*args, **kwargs)
-                self.last_flops = counter.get_total_flops()
+                self.last_flops = counter.flops
                 header["flops"] = int(self.last_flops)
             else:
                 result = self.fn(*args, **kwargs)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autograder import guards
-from autograder.guards import CheatDetected, check_no_caching, forbid_framework_attention
+from autograder.guards import CheatDetected, MatmulFlops, check_no_caching, forbid_framework_attention
 from conftest import ROOT
 from facourse import AttentionCheckError, check_entry_point
 
@@ -100,15 +100,16 @@ def test_softmax_over_all_keys_is_caught_from_step_04_only():
 
 
 def test_the_guard_loads_no_compiler_and_still_catches_a_compiled_cheat():
-    """torch would wrap the guard's dispatch mode in torch._disable_dynamo, whose first call imports
-    torch._dynamo (over a CPU-second in each grading kernel); the guard disables Dynamo only once something
+    """torch would wrap the guard's dispatch mode (and the FLOP counter's) in torch._disable_dynamo, whose first
+    call imports torch._dynamo (over a CPU-second in each grading kernel); both disable Dynamo only once something
     has loaded it, so an honest call loads nothing, and SDPA behind torch.compile is still caught."""
     code = textwrap.dedent("""
         import sys, torch
-        from autograder.guards import CheatDetected, forbid_framework_attention
+        from autograder.guards import CheatDetected, MatmulFlops, forbid_framework_attention
         from facourse import check_entry_point
         from test_grading_guards import sdpa, tiled
-        check_entry_point(forbid_framework_attention(tiled), "small")
+        with MatmulFlops():
+            check_entry_point(forbid_framework_attention(tiled), "small")
         assert "torch._dynamo" not in sys.modules, "an honest call loaded torch._dynamo"
         try:
             check_entry_point(forbid_framework_attention(torch.compile(sdpa, backend="eager")), "small")
@@ -120,6 +121,42 @@ def test_the_guard_loads_no_compiler_and_still_catches_a_compiled_cheat():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in (ROOT / "src", ROOT, ROOT / "tests")))
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_matmul_flops_counts_as_pytorchs_flop_counter():
+    """Step 04's tile-skipping test counts the products with MatmulFlops: every way of writing one (@ on 2-D,
+    batched and broadcast operands, einsum, linear with and without a bias, addmm, baddbmm) counts what
+    torch.utils.flop_counter counts, inside the guard too, and nothing else counts."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float16) for _ in range(3))
+    w, bias, x = torch.randn(24, 16, generator=g), torch.randn(24, generator=g), torch.randn(7, 16, generator=g)
+    forms = {
+        "2-D @": lambda: q[0, 0] @ k[0, 0].T,
+        "4-D @": lambda: (q @ k.transpose(-1, -2)).softmax(-1) @ v,
+        "broadcast @": lambda: q @ k[0, 0].T,
+        "einsum": lambda: torch.einsum("bhqd,bhkd->bhqk", q, k),
+        "linear": lambda: torch.nn.functional.linear(x, w),
+        "linear, bias": lambda: torch.nn.functional.linear(x, w, bias),
+        "addmm": lambda: torch.addmm(bias, x, w.T),
+        "baddbmm": lambda: torch.baddbmm(torch.zeros(3, 40, 40), q[0].float(), k[0].float().transpose(1, 2)),
+        "no product": lambda: (q * k).sum(-1).softmax(-1),
+    }
+    for name, form in forms.items():
+        with FlopCounterMode(display=False) as theirs:
+            form()
+        with MatmulFlops() as ours:
+            form()
+        assert ours.flops == theirs.get_total_flops(), name
+        assert ours.flops > 0 or name == "no product", name
+
+    def product(q, k, v):
+        return (q @ k.transpose(-1, -2)) @ v
+
+    with MatmulFlops() as ours:
+        forbid_framework_attention(product)(q, k, v)
+    assert ours.flops == 2 * 2 * (2 * 3 * 40 * 16 * 40)
 
 
 def test_guard_is_removed_after_the_call():
