@@ -3,8 +3,6 @@
 // arrays), and writes the results to stdout; the first argument names the job (qk, pv, kernel).
 // hopper_harness.cuh here is the device part of the given one, its calls of producer and consumer
 // routed through fa_use_oracle_* (routing_hopper.h).
-#include <pthread.h>
-
 #include <functional>
 
 #include "emu_hopper.h"
@@ -104,77 +102,42 @@ static void write_trace() {   // also the failure hook: what the producer did un
 
 static void fa_deadlock() {
   std::string msg = "DEADLOCK";
-  {
-    std::lock_guard<std::mutex> lk(fa_mx);
-    for (const auto& [tid, what] : fa_waiting) msg += fa_str("\nwaiter %d %s", tid, what.c_str());
-    for (int i = 0; i < fa_nbars; ++i)
-      if (fa_mbars.count(fa_bar_addr[i])) {
-        const FaMbar& b = *fa_mbars[fa_bar_addr[i]];
-        msg += fa_str("\nbar %d %ld %d %ld", i, b.done, b.pending, b.tx);
-      }
-    for (int w = 4; w < 12; ++w)
-      for (size_t r = 0; r < fa_regions.size(); ++r)
-        msg += fa_str("\nhold %d %d %ld %ld", w, (int)r, fa_hold[w][r].phase, fa_hold[w][r].uses);
-  }
+  for (const auto& [tid, what] : fa_waiting) msg += fa_str("\nwaiter %d %s", tid, what.c_str());
+  for (int i = 0; i < fa_nbars; ++i)
+    if (fa_mbars.count(fa_bar_addr[i])) {
+      const FaMbar& b = *fa_mbars[fa_bar_addr[i]];
+      msg += fa_str("\nbar %d %ld %d %ld", i, b.done, b.pending, b.tx);
+    }
+  for (int w = 4; w < 12; ++w)
+    for (size_t r = 0; r < fa_regions.size(); ++r)
+      msg += fa_str("\nhold %d %d %ld %ld", w, (int)r, fa_hold[w][r].phase, fa_hold[w][r].uses);
   fa_fail(msg, 5);
 }
 
-static void fa_watch(const std::atomic<bool>& stop) {   // every thread waiting, nothing moving: a deadlock
-  long last = -1;
-  int still = 0;
-  while (!stop) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const long progress = fa_progress;
-    const int live = fa_live, blocked = fa_blocked;
-    still = (live > 0 && blocked >= live && progress == last) ? still + 1 : 0;
-    if (still >= 16) fa_deadlock();   // 0.8 s: a loaded machine may leave a woken thread waiting a while
-    last = progress;
-  }
-}
-
-// Threads first .. first+count-1 of one CTA, in warps of 32, with __syncthreads and the deadlock watch.
-struct FaThread {
-  int tid;
-  FaWarp* warp;
-  std::barrier<>* cta;
-  const std::function<void()>* body;
-};
-static void* fa_thread_main(void* p) {
-  FaThread& a = *(FaThread*)p;
-  threadIdx.x = a.tid;
-  fa_warp = a.warp;
-  fa_lane = a.tid % 32;
-  (*a.body)();
-  if (!fa_gemms.empty())
-    fa_fail(fa_str("%s finished with WGMMAs still in flight: a wgmma_wait<0>() is missing after its last GEMM "
-                   "(the epilogue read the accumulators before the products were done)", fa_who().c_str()));
-  if (fa_spinning) { fa_spinning = false; --fa_blocked; }
-  fa_warp->bar.arrive_and_drop();
-  a.cta->arrive_and_drop();
-  --fa_live;
-  ++fa_progress;
-  return nullptr;
-}
+// Threads first .. first+count-1 of one CTA, in warps of 32, with __syncthreads and the deadlock report.
 static void run_threads(int first, int count, const std::function<void()>& body) {
   std::vector<std::unique_ptr<FaWarp>> warps((count + 31) / 32);
   for (auto& w : warps) w = std::make_unique<FaWarp>();
-  std::barrier<> cta(count);
+  FaBarrier cta(count);
   fa_cta = &cta;
-  fa_live = count;
-  std::atomic<bool> stop{false};
-  std::thread watchdog([&] { fa_watch(stop); });
-  std::vector<FaThread> args(count);
-  std::vector<pthread_t> threads(count);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 1 << 20);
-  for (int i = 0; i < count; ++i) {
-    args[i] = {first + i, warps[i / 32].get(), &cta, &body};
-    if (pthread_create(&threads[i], &attr, fa_thread_main, &args[i]) != 0) fa_fail("could not start a thread", 7);
-  }
-  for (pthread_t t : threads) pthread_join(t, nullptr);
-  stop = true;
-  watchdog.join();
+  fa_on_deadlock = fa_deadlock;
+  fa_run_fibers(count, [&](int i) {
+    const int tid = first + i;
+    threadIdx.x = tid;
+    fa_warp = warps[i / 32].get();
+    fa_lane = tid % 32;
+    fa_gemms.clear();   // a new thread: no products in flight, nothing fenced or committed
+    fa_fenced = fa_spinning = false;
+    fa_groups = 0;
+    body();
+    if (!fa_gemms.empty())
+      fa_fail(fa_str("%s finished with WGMMAs still in flight: a wgmma_wait<0>() is missing after its last GEMM "
+                     "(the epilogue read the accumulators before the products were done)", fa_who().c_str()));
+    if (fa_spinning) { fa_spinning = false; --fa_blocked; }
+    fa_warp->bar.arrive_and_drop();
+    cta.arrive_and_drop();
+  });
+  fa_on_deadlock = nullptr;
   fa_cta = nullptr;
 }
 

@@ -4,7 +4,6 @@
 #include "emu_sm80.h"
 #include "student_kernel.cu"
 #include <string>
-#include <thread>
 #include <vector>
 
 static void read_all(void* p, size_t n) {
@@ -14,10 +13,7 @@ static void write_all(const void* p, size_t n) { std::fwrite(p, 1, n, stdout); }
 
 template <class F> static void run_warp(F f) {   // f(lane) on 32 threads in lockstep at every primitive
   FaWarp w;
-  std::vector<std::thread> lanes;
-  for (int lane = 0; lane < 32; ++lane)
-    lanes.emplace_back([&, lane] { fa_warp = &w; fa_lane = lane; threadIdx.x = lane; f(lane); w.bar.arrive_and_drop(); });
-  for (auto& t : lanes) t.join();
+  fa_run_fibers(32, [&](int lane) { fa_warp = &w; fa_lane = lane; threadIdx.x = lane; f(lane); w.bar.arrive_and_drop(); });
 }
 
 #ifndef FA_NO_SOFTMAX

@@ -115,7 +115,6 @@ inline bool fa_tracing = false;
 inline std::vector<FaRecord> fa_trace;
 inline std::atomic<long> fa_consumer_gemms{0}, fa_consumer_waits{0}, fa_consumer_arrives{0};
 
-inline std::mutex fa_mx;   // guards the mbarriers, named barriers, holds and the trace
 inline long fa_record(FaRecord r) {
   if (!fa_tracing || threadIdx.x != 0) return -1;
   fa_trace.push_back(r);
@@ -127,12 +126,11 @@ struct FaMbar {
   int expected = 0, pending = 0;
   long tx = 0, done = 0;   // transaction bytes still due; completed phases
   int arrivals[16] = {};   // this phase's arrivals per warp
-  std::condition_variable cv;
 };
 inline std::map<uint32_t, std::unique_ptr<FaMbar>> fa_mbars;
 inline std::map<int, std::string> fa_waiting;   // thread -> what it waits for (deadlock reports)
 
-inline FaMbar& fa_mbar(uint32_t a, const char* op) {   // fa_mx held
+inline FaMbar& fa_mbar(uint32_t a, const char* op) {
   auto it = fa_mbars.find(a);
   if (it == fa_mbars.end())
     fa_fail(fa_str("%s: %s on %s, which is no initialised mbarrier", fa_who().c_str(), op, fa_bar_name(a).c_str()));
@@ -143,12 +141,10 @@ inline void fa_mbar_try_complete(FaMbar& b) {
     ++b.done;
     b.pending = b.expected;
     std::fill(std::begin(b.arrivals), std::end(b.arrivals), 0);
-    b.cv.notify_all();
     ++fa_progress;
   }
 }
 inline void fa_mbar_init(uint32_t a, int count) {
-  std::lock_guard<std::mutex> lk(fa_mx);
   auto& b = fa_mbars[a];
   b = std::make_unique<FaMbar>();
   b->expected = b->pending = count;
@@ -156,7 +152,6 @@ inline void fa_mbar_init(uint32_t a, int count) {
 struct FaGemm;
 inline bool fa_gemm_reads(int region);
 inline void fa_mbar_arrive(uint32_t a, long tx, bool expect) {
-  std::lock_guard<std::mutex> lk(fa_mx);
   FaMbar& b = fa_mbar(a, expect ? "mbar_expect_tx" : "mbar_arrive");
   const int id = fa_bar_id(a), w = fa_warp_of();
   fa_record({expect ? kFaExpect : kFaArrive, id, tx, -1, -1, 0, 0, 0, 0, b.done, -1});
@@ -188,13 +183,13 @@ inline void fa_mbar_arrive(uint32_t a, long tx, bool expect) {
   --b.pending;
   fa_mbar_try_complete(b);
 }
-inline void fa_mbar_complete_tx(uint32_t a, long bytes) {   // fa_mx held
+inline void fa_mbar_complete_tx(uint32_t a, long bytes) {
   FaMbar& b = fa_mbar(a, "a TMA completing its bytes");
   b.tx -= bytes;
   fa_mbar_try_complete(b);
 }
 inline bool fa_phase_done(const FaMbar& b, uint32_t parity) { return (uint32_t)(b.done & 1) != (parity & 1u); }
-inline void fa_acquire(FaMbar& b, uint32_t a, uint32_t parity) {   // fa_mx held; a consumer's wait returned
+inline void fa_acquire(FaMbar& b, uint32_t a, uint32_t parity) {   // a consumer's wait returned
   const int id = fa_bar_id(a), r = fa_region_of_bar(id, true);
   if (!fa_track || r < 0 || !fa_is_consumer()) return;
   FaHold& h = fa_hold[fa_warp_of()][r];
@@ -217,7 +212,6 @@ inline std::string fa_wait_text(uint32_t a, const FaMbar& b, uint32_t parity) {
   return fa_str("mbar %d %u %ld %d %ld %ld", id, parity & 1u, b.done, b.pending, b.tx, uses);
 }
 inline void fa_mbar_wait(uint32_t a, uint32_t parity) {
-  std::unique_lock<std::mutex> lk(fa_mx);
   FaMbar& b = fa_mbar(a, "mbar_wait");
   const long ev = fa_record({kFaWait, fa_bar_id(a), (int64_t)(parity & 1u), -1, -1, 0, 0, 0, 0, b.done, -1});
   if (fa_is_consumer() && fa_region_of_bar(fa_bar_id(a), true) >= 0) ++fa_consumer_waits;
@@ -229,18 +223,15 @@ inline void fa_mbar_wait(uint32_t a, uint32_t parity) {
                    fa_bar_names[fa_regions[r].empty]));
   if (!fa_phase_done(b, parity)) {
     fa_waiting[(int)threadIdx.x] = fa_wait_text(a, b, parity);
-    {
-      FaBlocked blk;
-      b.cv.wait(lk, [&] { return fa_phase_done(b, parity); });
-    }
+    fa_wait_until([&] { return fa_phase_done(b, parity); });
     fa_waiting.erase((int)threadIdx.x);
   }
   if (ev >= 0) fa_trace[ev][10] = b.done;
   fa_acquire(b, a, parity);
 }
-inline thread_local bool fa_spinning = false;
+inline bool fa_spinning_v[FA_MAX_THREADS + 1];   // inside a loop of mbar_try_wait (counted as blocked)
+#define fa_spinning (fa_spinning_v[fa_self])
 inline bool fa_mbar_try_wait(uint32_t a, uint32_t parity) {
-  std::unique_lock<std::mutex> lk(fa_mx);
   FaMbar& b = fa_mbar(a, "mbar_try_wait");
   if (fa_phase_done(b, parity)) {
     if (fa_spinning) { fa_spinning = false; --fa_blocked; ++fa_progress; fa_waiting.erase((int)threadIdx.x); }
@@ -249,8 +240,7 @@ inline bool fa_mbar_try_wait(uint32_t a, uint32_t parity) {
     return true;
   }
   if (!fa_spinning) { fa_spinning = true; ++fa_blocked; fa_waiting[(int)threadIdx.x] = fa_wait_text(a, b, parity); }
-  lk.unlock();
-  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  fa_yield();   // the student's loop tries again on its next turn
   return false;
 }
 
@@ -258,12 +248,10 @@ inline bool fa_mbar_try_wait(uint32_t a, uint32_t parity) {
 struct FaNamed {
   int arrived = 0, count = 0;
   long gen = 0;
-  std::condition_variable cv;
 };
 inline FaNamed fa_named[16];
 inline void fa_named_bar(int id, int count, bool wait) {
   if (id < 0 || id > 15) fa_fail(fa_str("%s: named barrier %d does not exist (0..15)", fa_who().c_str(), id));
-  std::unique_lock<std::mutex> lk(fa_mx);
   FaNamed& n = fa_named[id];
   if (n.arrived > 0 && n.count != count)
     fa_fail(fa_str("%s: named barrier %d is used with %d and %d threads at once", fa_who().c_str(), id, n.count, count));
@@ -272,16 +260,12 @@ inline void fa_named_bar(int id, int count, bool wait) {
   if (++n.arrived == count) {
     n.arrived = 0;
     ++n.gen;
-    n.cv.notify_all();
     ++fa_progress;
     return;
   }
   if (!wait) return;
   fa_waiting[(int)threadIdx.x] = fa_str("named %d %d %d", id, count, n.arrived);
-  {
-    FaBlocked blk;
-    n.cv.wait(lk, [&] { return n.gen != gen; });
-  }
+  fa_wait_until([&] { return n.gen != gen; });
   fa_waiting.erase((int)threadIdx.x);
 }
 
@@ -302,7 +286,6 @@ FA_HOT inline void fa_tma_copy(uint32_t dst, const CUtensorMap& m, int c0, int c
 }
 inline void fa_tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
   const uint32_t d = fa_shared_addr(dst), b = fa_shared_addr(bar);
-  std::lock_guard<std::mutex> lk(fa_mx);
   const int id = map ? map->id : -1;
   fa_record({kFaTma, fa_bar_id(b), 0, id, (int64_t)d - (int64_t)fa_smem_base_addr, c0, c1, c2, c3,
              fa_mbars.count(b) ? fa_mbars[b]->done : -1, -1});
@@ -342,9 +325,12 @@ struct FaGemm {
   const uint32_t* a_src;      // RS: where they live (changing them before the wait is a hazard)
   long group;                 // -1: not committed yet
 };
-inline thread_local std::vector<FaGemm> fa_gemms;
-inline thread_local bool fa_fenced = false;
-inline thread_local long fa_groups = 0;
+inline std::vector<FaGemm> fa_gemms_v[FA_MAX_THREADS + 1];   // per thread: its products in flight,
+inline bool fa_fenced_v[FA_MAX_THREADS + 1];                  // whether it fenced its registers,
+inline long fa_groups_v[FA_MAX_THREADS + 1];                  // and its committed groups
+#define fa_gemms (fa_gemms_v[fa_self])
+#define fa_fenced (fa_fenced_v[fa_self])
+#define fa_groups (fa_groups_v[fa_self])
 inline int fa_log_thread = -1;   // whose WGMMAs the driver writes out
 inline std::vector<FaGemm> fa_gemm_log;
 inline bool fa_gemm_reads(int region) {   // does one of this thread's products in flight read the region?
@@ -374,7 +360,6 @@ inline void fa_gemm_issue(FaGemm g) {
                    "wgmma_fence() (after the last wgmma_commit, the accumulators must be fenced again)",
                    fa_who().c_str()));
   {
-    std::lock_guard<std::mutex> lk(fa_mx);
     if (!g.rs) fa_gemm_check_operand(fa_desc(g.da), "A");
     fa_gemm_check_operand(fa_desc(g.db), "B");
     if (fa_is_consumer()) ++fa_consumer_gemms;

@@ -3,25 +3,27 @@
 // of the step compile against it and run unchanged, thread by thread. The headers see
 // FA_CPU_EMULATION and leave out their inline PTX; emu_sm80.h and emu_hopper.h stand in for it.
 //
-// A warp is 32 threads (std::threads) that meet at a std::barrier inside every warp-wide primitive:
-// a shuffle posts every lane's value, all meet, every lane reads its partner's; a lane that returns
-// drops out of the barrier, so a lane skipping a shuffle cannot hang the others. A failure (fa_fail)
-// ends the process with one message; a thread that waits counts as blocked, so a driver can tell a
-// deadlock (every thread blocked, nothing moving) from a slow run.
+// A warp is 32 threads that meet at a barrier inside every warp-wide primitive: a shuffle posts every
+// lane's value, all meet, every lane reads its partner's; a lane that returns drops out of the barrier,
+// so a lane skipping a shuffle cannot hang the others. Each emulated thread is a fiber (ucontext), and
+// all of a run's fibers take turns on one OS thread, switching only where a thread waits: with an OS
+// thread each, the 384 threads of a Hopper CTA meeting at every shuffle spent most of their CPU time in
+// the kernel's scheduler. A failure (fa_fail) ends the process with one message; a thread that waits
+// counts as blocked, and a whole round of turns in which every thread is blocked and nothing moved is a
+// deadlock, which the driver reports (fa_on_deadlock).
 #pragma once
 #define FA_CPU_EMULATION 1
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <barrier>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +31,10 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
 
 #define __device__
 #define __host__
@@ -106,24 +112,121 @@ inline std::atomic<bool> fa_failed{false};
 }
 
 // ---- deadlock accounting: a thread inside a wait counts as blocked ------------------------------
-inline std::atomic<long> fa_progress{0};
-inline std::atomic<int> fa_blocked{0}, fa_live{0};
+inline long fa_progress = 0;
+inline int fa_blocked = 0, fa_live = 0;
 struct FaBlocked {
   FaBlocked() { ++fa_blocked; }
   ~FaBlocked() { --fa_blocked; ++fa_progress; }
 };
 
+// ---- fibers: the emulated threads of one run, taking turns on this OS thread --------------------
+constexpr int FA_MAX_THREADS = 1024;
+constexpr int FA_DRIVER = FA_MAX_THREADS;   // fa_self outside a run: the driver's own code
+constexpr size_t FA_STACK = 512 << 10;      // per thread, reserved, not committed (one guard page below)
+inline int fa_self = FA_DRIVER;             // the thread whose turn it is
+inline void (*fa_on_deadlock)() = nullptr;  // the driver's report; without one, a deadlock runs into its time limit
+struct FaFiber {
+  ucontext_t ctx;
+  bool done = false;
+};
+inline std::vector<FaFiber> fa_fibers;
+inline ucontext_t fa_driver_ctx;
+inline long fa_idle_turns = 0, fa_idle_since = -1;
+inline const std::function<void(int)>* fa_fiber_body = nullptr;
+
+// The next unfinished thread's turn. Every wait calls it until its condition holds, so a round of turns in
+// which all live threads were blocked and fa_progress did not move is a deadlock.
+inline void fa_yield() {
+  const int n = (int)fa_fibers.size(), me = fa_self;
+  if (fa_blocked >= fa_live && fa_progress == fa_idle_since) {
+    if (++fa_idle_turns > 2L * fa_live + 2) {
+      if (fa_on_deadlock) fa_on_deadlock();
+      fa_idle_turns = 0;
+    }
+  } else {
+    fa_idle_turns = 0;
+    fa_idle_since = fa_progress;
+  }
+  int next = me;
+  do next = (next + 1) % n; while (fa_fibers[next].done && next != me);
+  if (next == me) return;
+  fa_self = next;
+  swapcontext(&fa_fibers[me].ctx, &fa_fibers[next].ctx);
+}
+template <class P> inline void fa_wait_until(P ready) {   // a blocked wait: other threads run until ready()
+  if (ready()) return;
+  FaBlocked b;
+  while (!ready()) fa_yield();
+}
+inline void fa_fiber_main(int i) {
+  (*fa_fiber_body)(i);
+  fa_fibers[i].done = true;
+  --fa_live;
+  ++fa_progress;
+  if (fa_live == 0) setcontext(&fa_driver_ctx);
+  fa_yield();
+}
+// body(i) for i in 0 .. count-1, each an emulated thread; returns when all have returned.
+inline void fa_run_fibers(int count, const std::function<void(int)>& body) {
+  if (count < 1 || count > FA_MAX_THREADS) { std::fprintf(stderr, "FA_HOST: %d threads\n", count); std::_Exit(7); }
+  static std::vector<char*> stacks;   // kept for the next run (a driver runs a warp once per call)
+  const long page = sysconf(_SC_PAGESIZE);
+  while ((int)stacks.size() < count) {
+    void* mem = mmap(nullptr, FA_STACK + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) { std::fprintf(stderr, "FA_HOST: no memory for a thread's stack\n"); std::_Exit(7); }
+    mprotect(mem, page, PROT_NONE);   // an overflow faults here instead of writing over another stack
+    stacks.push_back((char*)mem);
+  }
+  fa_fibers.assign(count, FaFiber{});
+  fa_fiber_body = &body;
+  fa_live = count;
+  fa_blocked = 0;
+  for (int i = 0; i < count; ++i) {
+    FaFiber& f = fa_fibers[i];
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stacks[i] + page;
+    f.ctx.uc_stack.ss_size = FA_STACK;
+    f.ctx.uc_link = &fa_driver_ctx;
+    makecontext(&f.ctx, (void (*)())fa_fiber_main, 1, i);
+  }
+  fa_self = 0;
+  swapcontext(&fa_driver_ctx, &fa_fibers[0].ctx);
+  fa_self = FA_DRIVER;
+  fa_fibers.clear();
+  fa_fiber_body = nullptr;
+}
+
+// A barrier of `count` threads (std::barrier's arrive_and_wait and arrive_and_drop, for fibers).
+struct FaBarrier {
+  int expected, arrived = 0;
+  long phase = 0;
+  explicit FaBarrier(int count) : expected(count) {}
+  void complete() { arrived = 0; ++phase; ++fa_progress; }
+  void arrive_and_wait() {
+    const long mine = phase;
+    if (++arrived == expected) return complete();
+    fa_wait_until([&] { return phase != mine; });
+  }
+  void arrive_and_drop() {
+    if (--expected > 0 && arrived == expected) complete();
+  }
+};
+
 // ---- warps: 32 threads in lockstep at every warp-wide primitive --------------------------------
 struct FaWarp {
-  std::barrier<> bar{32};
+  FaBarrier bar{32};
   uint64_t slot[32][8];
 };
-inline thread_local FaWarp* fa_warp = nullptr;
-inline thread_local int fa_lane = 0;
-inline thread_local fa_dim3 threadIdx;
+// what a GPU keeps per thread, one entry per emulated thread (and one for the driver's own code)
+inline FaWarp* fa_warp_v[FA_MAX_THREADS + 1];
+inline int fa_lane_v[FA_MAX_THREADS + 1];
+inline fa_dim3 fa_thread_idx_v[FA_MAX_THREADS + 1];
+#define fa_warp (fa_warp_v[fa_self])
+#define fa_lane (fa_lane_v[fa_self])
+#define threadIdx (fa_thread_idx_v[fa_self])
 inline fa_dim3 blockIdx, blockDim{256, 1, 1}, gridDim{1, 1, 1};
-inline std::barrier<>* fa_cta = nullptr;   // __syncthreads, where a driver runs a whole CTA
-inline void fa_sync() { FaBlocked b; fa_warp->bar.arrive_and_wait(); }
+inline FaBarrier* fa_cta = nullptr;   // __syncthreads, where a driver runs a whole CTA
+inline void fa_sync() { fa_warp->bar.arrive_and_wait(); }
 inline void fa_no_warp(const char* what) {
   std::fprintf(stderr, "FA_HOST: %s called where no warp runs (load_tile_async is run thread by thread)\n", what);
   std::exit(3);
@@ -158,7 +261,7 @@ inline unsigned __ballot_sync(unsigned, int pred) {
 inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 inline int __all_sync(unsigned m, int pred) { return __ballot_sync(m, pred) == 0xffffffffu; }
 inline void __syncwarp(unsigned = 0xffffffffu) { if (fa_warp) fa_sync(); }
-inline void __syncthreads() { if (fa_cta) { FaBlocked b; fa_cta->arrive_and_wait(); } }
+inline void __syncthreads() { if (fa_cta) fa_cta->arrive_and_wait(); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline void __trap() { std::fprintf(stderr, "FA_HOST: __trap()\n"); std::_Exit(6); }
 inline float fa_exp2(float x) { return std::exp2(x); }
