@@ -100,6 +100,29 @@ def test_structural_check_passes_hopper_and_fails_step06(capsys):
         check_sass(STEP / "student_kernel.cu", include_dirs=[STEP], verbose=False)
 
 
+@needs_sass
+def test_the_sass_after_a_compile_check_is_read_from_its_object(tmp_path, monkeypatch):
+    """The notebook compiles the student's file (nvcc_compile_check) and then reads its SASS (check_sass): the
+    second reads the object the first made from the same files for the same target, instead of compiling again,
+    and counts what a compile of its own counts; a changed header is compiled again."""
+    import facourse.cuda_build as cb
+
+    (tmp_path / "scale.cuh").write_text("#define SCALE 3.0f\n")
+    src = tmp_path / "k.cu"
+    src.write_text('#include "scale.cuh"\n__global__ void k(float* x) { x[threadIdx.x] *= SCALE; }\n')
+    fresh = cb.sass_opcodes(src, include_dirs=[tmp_path])
+    cb._MADE.clear()
+    assert cb.nvcc_compile_check(src, "sm_90a", include_dirs=[tmp_path], verbose=False).ok
+    runs = []
+    real = subprocess.run
+    monkeypatch.setattr(cb.subprocess, "run", lambda cmd, *a, **kw: runs.append(cmd[0]) or real(cmd, *a, **kw))
+    assert cb.sass_opcodes(src, include_dirs=[tmp_path]) == fresh and fresh["FMUL"] > 0
+    assert runs == [cb.find_cuobjdump()], runs
+    (tmp_path / "scale.cuh").write_text("#define SCALE 3.0f + x[0]\n")
+    cb.sass_opcodes(src, include_dirs=[tmp_path])
+    assert any("nvcc" in r for r in runs[1:]), runs
+
+
 # ============================================================================ stub, release
 def test_stub_is_generated_from_solution_and_in_sync():
     r = subprocess.run([sys.executable, str(LADDER / "make_stub.py"), "--check"], capture_output=True, text=True)

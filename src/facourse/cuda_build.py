@@ -5,7 +5,8 @@
 - ``nvcc_compile_check(source, arch="sm_80")``: compiles one .cu file with nvcc alone (no torch
   headers, works with a CPU-only torch, where ``load_inline`` cannot build) with ``-Xptxas -v`` and
   reports errors and, per kernel, registers, spills, stack and static shared memory.
-- ``sass_opcodes(source, arch="sm_90a")``: compiles to a cubin (``dump_sass``) and counts the machine instructions
+- ``sass_opcodes(source, arch="sm_90a")``: compiles to a cubin (``dump_sass``; or reads the object a compile check of
+  the same files made in this process) and counts the machine instructions
   (SASS, by ``cuobjdump``) by opcode: ``HGMMA`` (wgmma), ``UTMALDG`` (TMA loads), ``HMMA``
   (mma.sync), ``LDGSTS`` (cp.async), ``SYNCS`` (mbarrier)... ``check_sass`` says which required
   opcodes are missing (step 07 must use WGMMA and TMA: ``HOPPER_OPCODES``).
@@ -13,11 +14,13 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,6 +214,32 @@ def _source_file(source, tmp: str, include_dirs) -> tuple[Path, list[str]]:
     return src, [str(Path(d).resolve()) for d in include_dirs] or [str(src.resolve().parent)]
 
 
+# What nvcc made in this process, by the content of what it read: a compile check's object (or cubin) holds the
+# SASS a later dump_sass of the same files asks for (step 07's notebook compiles, then reads the SASS: 7 CPU-s).
+_MADE: dict[str, tuple[str, bytes]] = {}
+_MADE_LOCK = threading.Lock()          # compile checks may run on several threads (the tests' pool)
+_HEADER_SUFFIXES = (".h", ".cuh", ".cu", ".hpp", ".cpp", ".inc")
+
+
+def _content_key(nvcc: str, src: Path, dirs, arch: str, extra) -> str:
+    """The source, every header in its folder and the -I folders, nvcc, the target and the flags."""
+    h = hashlib.sha256("\0".join([str(Path(nvcc).resolve()), arch, *extra]).encode())
+    h.update(src.read_bytes())
+    for d in dict.fromkeys([str(src.resolve().parent), *map(str, dirs)]):
+        for f in sorted(Path(d).iterdir()) if Path(d).is_dir() else ():
+            if f.suffix in _HEADER_SUFFIXES and f.is_file():
+                h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def _remember(key: str, path: Path) -> None:
+    made = (path.suffix, path.read_bytes())
+    with _MADE_LOCK:
+        if len(_MADE) >= 8:
+            _MADE.pop(next(iter(_MADE)))
+        _MADE[key] = made
+
+
 # nvcc's closing count ("2 errors detected in the compilation of "x.cu".") is no error of its own
 _ERROR_SUMMARY = re.compile(r"^\d+ errors? detected in the compilation of ")
 _ERROR_LINE = re.compile(r"\b(error|fatal)\b", re.I)
@@ -238,6 +267,8 @@ def nvcc_compile_check(source, arch: str = "sm_80", extra=(), include_dirs=(), n
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             log, ok = r.stderr + r.stdout, r.returncode == 0
+            if ok:
+                _remember(_content_key(nvcc, src, dirs, arch, extra), Path(out[3]))
         except FileNotFoundError:
             log, ok = f"nvcc not found ({nvcc}): install the CUDA toolkit to check CUDA code on this machine", False
         except subprocess.TimeoutExpired:
@@ -339,16 +370,24 @@ def dump_sass(source, arch: str = "sm_90a", include_dirs=(), extra=(), nvcc: str
                               "`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (or the full CUDA toolkit)")
     with tempfile.TemporaryDirectory(prefix="facourse_sass_") as tmp:
         src, dirs = _source_file(source, tmp, include_dirs)
-        cubin = Path(tmp) / "out.cubin"
-        cmd = [nvcc, "-cubin", str(src), "-o", str(cubin), gencode_flag(arch), "-std=c++17", "-O3",
-               *[f"-I{d}" for d in dirs], *extra]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"nvcc did not finish in {timeout:.0f} s") from None
-        if r.returncode != 0:
-            errs = nvcc_errors(r.stderr + r.stdout)
-            raise RuntimeError(f"nvcc failed for {arch}:\n" + "\n".join((errs or (r.stderr + r.stdout).splitlines())[:20]))
+        key = _content_key(nvcc, src, dirs, arch, extra)
+        made = _MADE.get(key)
+        if made:
+            suffix, data = made
+            cubin = Path(tmp) / ("made" + suffix)
+            cubin.write_bytes(data)
+        else:
+            cubin = Path(tmp) / "out.cubin"
+            cmd = [nvcc, "-cubin", str(src), "-o", str(cubin), gencode_flag(arch), "-std=c++17", "-O3",
+                   *[f"-I{d}" for d in dirs], *extra]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"nvcc did not finish in {timeout:.0f} s") from None
+            if r.returncode != 0:
+                errs = nvcc_errors(r.stderr + r.stdout)
+                raise RuntimeError(f"nvcc failed for {arch}:\n" + "\n".join((errs or (r.stderr + r.stdout).splitlines())[:20]))
+            _remember(key, cubin)
         env = dict(os.environ)      # cuobjdump runs nvdisasm, which the pip wheels put next to it
         tool_dir = str(Path(cuobjdump).parent)
         env["PATH"] = tool_dir + os.pathsep + env.get("PATH", "")
