@@ -123,6 +123,9 @@ def _json_records(name: str, d) -> list[Record]:
                     r = Record(name, rung, c, "", {})
                     r.add(u[0], x * u[1])
                     out.append(r)
+            elif k == "ratio_methods" and isinstance(v, dict):
+                for x in v.values():             # the same row's ratio by do_bench and by events (--methods)
+                    rec.add("x", x)
             elif k in ("variants", "rungs") and isinstance(v, dict):
                 for n, x in v.items():           # keyed by rung or variant name
                     walk(x, n, n, None)
