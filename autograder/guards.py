@@ -175,11 +175,15 @@ def _dynamo_off(fn):
     return inner
 
 
-class _DispatchGuard(_Watching, TorchDispatchMode):
+class _LazyDynamoMode(TorchDispatchMode):
+    """A dispatch mode whose __torch_dispatch__ its subclass wraps in _dynamo_off, not in torch's wrapper."""
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False            # torch's own wrapper is replaced by _dynamo_off
+        return False
 
+
+class _DispatchGuard(_Watching, _LazyDynamoMode):
     @_dynamo_off
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -202,7 +206,7 @@ _PRODUCTS = {torch.ops.aten.mm: (0, 1), torch.ops.aten.addmm: (1, 2), torch.ops.
              torch.ops.aten.baddbmm: (1, 2), torch.ops.aten._scaled_mm: (0, 1)}
 
 
-class MatmulFlops(TorchDispatchMode):
+class MatmulFlops(_LazyDynamoMode):
     """The FLOPs of the matrix products run while it is active, as PyTorch's FlopCounterMode counts them.
     FlopCounterMode imports torch._dynamo (over a CPU-second in a grading kernel) and then wraps every
     operator call in Dynamo's disable, which made step 04's tile-skipping test about ten times slower."""
@@ -210,10 +214,6 @@ class MatmulFlops(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.flops = 0
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False            # torch's own wrapper is replaced by _dynamo_off
 
     @_dynamo_off
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

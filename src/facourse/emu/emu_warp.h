@@ -26,9 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -99,16 +97,16 @@ inline std::string fa_str(const char* fmt, ...) {
   return buf;
 }
 inline void (*fa_on_fail)() = nullptr;   // the driver's hook: write out what it has so far
-inline std::atomic<bool> fa_failed{false};
+inline bool fa_failed = false;
 [[noreturn]] inline void fa_fail(const std::string& msg, int code = 3) {
-  if (!fa_failed.exchange(true)) {
+  if (!fa_failed) {   // a failure inside the hook ends the run with its own message
+    fa_failed = true;
     if (fa_on_fail) fa_on_fail();
-    std::fflush(stdout);
-    std::fprintf(stderr, "FA_HOST: %s\n", msg.c_str());
-    std::fflush(stderr);
-    std::_Exit(code);
   }
-  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));   // another thread is ending the process
+  std::fflush(stdout);
+  std::fprintf(stderr, "FA_HOST: %s\n", msg.c_str());
+  std::fflush(stderr);
+  std::_Exit(code);
 }
 
 // ---- deadlock accounting: a thread inside a wait counts as blocked ------------------------------
