@@ -84,6 +84,26 @@ SCRIPT = """
         assert torch.equal(vt.view(torch.uint8), r8.transpose(-1, -2).view(torch.uint8)) and torch.equal(dv, rd)
     attempt(quantiser_v, kind="quantiser", case="v_transposed")
 
+    def one_launch():
+        # quantize_qkv's single launch (ONE_LAUNCH) writes what its three one-tensor launches write: GQA,
+        # Sq != Skv, ragged tiles, q and k read through strides (views of [B, S, H, D] storage)
+        q = torch.randn(2, 150, 4, 64, generator=gen).half().transpose(1, 2)
+        k = torch.randn(2, 90, 2, 64, generator=gen).half().transpose(1, 2)
+        v = torch.randn(2, 2, 90, 64, generator=gen).half()
+        q[1, 3, 100, 5] = k[0, 1, 7, 2] = v[1, 0, 80, 9] = 60.0
+        apart = v7.quantize_qkv(q, k, v)
+        v7.ONE_LAUNCH = True
+        try:
+            fused = v7.quantize_qkv(q, k, v)
+        finally:
+            v7.ONE_LAUNCH = False
+        for name, a, b in zip(("q8", "dq", "k8", "dk", "v8t", "dv"), fused, apart):
+            assert a.shape == b.shape and a.stride() == b.stride(), f"{name}: {a.shape} {a.stride()}"
+            same = torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype == torch.float8_e4m3fn \
+                else torch.equal(a, b)
+            assert same, f"{name} differs between the one launch and the three"
+    attempt(one_launch, kind="quantiser", case="one_launch")
+
     def rotation_is_orthogonal():
         for D in (64, 128):
             m = v7.signed_hadamard(D).double() / math.sqrt(D)
@@ -230,7 +250,7 @@ def results():
 
 
 @pytest.mark.parametrize("case", [f"{dt}_d{D}_{how}" for dt in ("float16", "float32") for D in (64, 128)
-                                  for how in ("plain", "rotated")] + ["v_transposed", "orthogonal"])
+                                  for how in ("plain", "rotated")] + ["v_transposed", "one_launch", "orthogonal"])
 def test_quantiser_matches_pytorch(results, case):
     one_result(results, kind="quantiser", case=case)
 
@@ -295,6 +315,9 @@ BM, BN, D = v7.TILES[0], v7.TILES[1], 128
 compile90(v7.quant_rows, {"X": "*fp16", "X8": "*fp8e4nv", "DESCALE": "*fp32", "R": "*fp16", "inv_sqrt_d": "fp32"},
           {"ROTATE": True, "EXACT": False, "D": D, "BLOCK": BN})
 compile90(v7.quant_v, {"V": "*bf16", "VT8": "*fp8e4nv", "DESCALE": "*fp32"}, {"EXACT": False, "D": D, "BLOCK_N": BN})
+compile90(v7.quant_qkv, {**{n: "*fp16" for n in ("Q", "K", "V", "R")}, **{n: "*fp8e4nv" for n in ("Q8", "K8", "VT8")},
+                         **{n: "*fp32" for n in ("DQ", "DK", "DV")}, "inv_sqrt_d": "fp32"},
+          {"EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN})
 desc = lambda dt, r, c: f"tensordesc<{dt}[1, 1, {r}, {c}]>"
 compile90(v7.fp8_block_fwd, {"Q": desc("fp8e4nv", BM, D), "K": desc("fp8e4nv", BN, D), "VT": desc("fp8e4nv", D, BN),
                              "O": desc("fp16", BM, D), "LSE": "*fp32", "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32",

@@ -86,6 +86,10 @@ EXP2_FMA = False
 # speed on an H200 (606-626 against 851-870 TFLOP/s, 2026-11-28_h200_step10_fp8_lazy.txt).
 LAZY_RESCALE = False
 LAZY_TAU = tl.constexpr(0.75)
+# ONE_LAUNCH: Q, K and V quantised by one launch of quant_qkv instead of three. On an H200 on `long` the host spends
+# 293 us a call against 352, but the GPU 1.42 ms against 1.39: the course's bench reads 1.21x the fp16 solution against
+# 1.23x, CUDA events without the spin 1.01-1.12x against 0.99-1.10x (2026-12-03_h200_step10_fp8_one_launch.txt). Off.
+ONE_LAUNCH = False
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
 P_LOG2 = tl.constexpr(8.0)
@@ -166,19 +170,12 @@ def dot(a, b, acc, EXACT: tl.constexpr):
 
 
 @triton.jit
-def tile_of(H):
-    """(row tile, batch x head, batch, head) of a quantiser's program: grid (tiles, B * H)."""
-    bh = tl.program_id(1)
-    return tl.program_id(0), bh, bh // H, bh % H
-
-
-@triton.jit
-def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
-               ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-    """One tile of BLOCK rows of one (batch, head) of X [B, H, S, D] (strides sxb, sxh, sxs, 1):
+def rows_tile(X, X8, DESCALE, R, pid, bh, S, H, sxb, sxh, sxs, inv_sqrt_d,
+              ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """Tile pid of BLOCK rows of (batch x head) bh of X [B, H, S, D] (strides sxb, sxh, sxs, 1):
     rotated by R / sqrt(D) (R = diag(signs) H_D, [D, D] in X's dtype) when ROTATE, stored e4m3 into
     X8 [B, H, S, D] (contiguous) with its descale into DESCALE [B, H, cdiv(S, BLOCK)]."""
-    pid, bh, b, h = tile_of(H)
+    b, h = bh // H, bh % H
     rows = pid * BLOCK + tl.arange(0, BLOCK)[:, None]
     cols = tl.arange(0, D)[None, :]
     x = tl.load(X + b.to(tl.int64) * sxb + h * sxh + rows * sxs + cols, mask=rows < S, other=0.0)
@@ -194,12 +191,12 @@ def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
 
 
 @triton.jit
-def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
-            BLOCK_N: tl.constexpr):
-    """BLOCK_N keys of one (batch, head) of V [B, H, S, D] (strides svb, svh, svs, 1), stored e4m3
-    transposed into VT8 [B, H, D, S_PAD] (keys contiguous), their descale into DESCALE [B, H,
-    cdiv(S, BLOCK_N)]."""
-    pid, bh, b, h = tile_of(H)
+def v_tile(V, VT8, DESCALE, pid, bh, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
+           BLOCK_N: tl.constexpr):
+    """Tile pid of BLOCK_N keys of (batch x head) bh of V [B, H, S, D] (strides svb, svh, svs, 1),
+    stored e4m3 transposed into VT8 [B, H, D, S_PAD] (keys contiguous), its descale into DESCALE
+    [B, H, cdiv(S, BLOCK_N)]."""
+    b, h = bh // H, bh % H
     keys = pid * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
     cols = tl.arange(0, D)[None, :]
     v = tl.load(V + b.to(tl.int64) * svb + h * svh + keys * svs + cols, mask=keys < S, other=0.0).to(tl.float32)
@@ -209,6 +206,42 @@ def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D:
     keys_t = pid * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tl.store(VT8 + bh.to(tl.int64) * D * S_PAD + tl.arange(0, D)[:, None] * S_PAD + keys_t, v8t, mask=keys_t < S)
     tl.store(DESCALE + bh * tl.cdiv(S, BLOCK_N) + pid, descale)
+
+
+@triton.jit
+def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
+               ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """Q or K alone (the kind's quantize_fp8): grid (cdiv(S, BLOCK), B * H), one rows_tile each."""
+    rows_tile(X, X8, DESCALE, R, tl.program_id(0), tl.program_id(1), S, H, sxb, sxh, sxs, inv_sqrt_d,
+              ROTATE, EXACT, D, BLOCK)
+
+
+@triton.jit
+def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
+            BLOCK_N: tl.constexpr):
+    """V alone: grid (cdiv(S, BLOCK_N), B * H), one v_tile each."""
+    v_tile(V, VT8, DESCALE, tl.program_id(0), tl.program_id(1), S, H, svb, svh, svs, S_PAD, EXACT, D, BLOCK_N)
+
+
+@triton.jit
+def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
+              sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, S_PAD, inv_sqrt_d,
+              EXACT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Q, K and V in one launch (the end-to-end path: one launch costs the host less than three): a
+    1-D grid whose first NQ = B Hq cdiv(Sq, BLOCK_M) programs take Q's tiles (rotated), the next NKV =
+    B Hkv cdiv(Skv, BLOCK_N) K's (rotated), the last NKV V's (transposed)."""
+    pid = tl.program_id(0)
+    if pid < NQ:
+        nt = tl.cdiv(Sq, BLOCK_M)
+        rows_tile(Q, Q8, DQ, R, pid % nt, pid // nt, Sq, Hq, sqb, sqh, sqs, inv_sqrt_d, True, EXACT, D, BLOCK_M)
+    else:
+        nt = tl.cdiv(Skv, BLOCK_N)
+        p = pid - NQ
+        if p < NKV:
+            rows_tile(K, K8, DK, R, p % nt, p // nt, Skv, Hkv, skb, skh, sks, inv_sqrt_d, True, EXACT, D, BLOCK_N)
+        else:
+            p -= NKV
+            v_tile(V, VT8, DV, p % nt, p // nt, Skv, Hkv, svb, svh, svs, S_PAD, EXACT, D, BLOCK_N)
 
 
 @triton.jit
@@ -289,8 +322,20 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
 
 
 # ----------------------------------------------------------------------------- host
-def _descales(shape_bh, S, block, device):
-    return torch.empty((*shape_bh, triton.cdiv(S, block)), device=device, dtype=torch.float32)
+def rows_out(x, block):
+    """(x8, descale) as rows_tile writes them for x [B, H, S, D]: e4m3 [B, H, S, D], fp32 [B, H, cdiv(S, block)]."""
+    B, H, S, D = x.shape
+    return (torch.empty((B, H, S, D), device=x.device, dtype=torch.float8_e4m3fn),
+            torch.empty((B, H, triton.cdiv(S, block)), device=x.device, dtype=torch.float32))
+
+
+def v_out(v, block):
+    """(v8t, descale, s_pad) as v_tile writes them for v [B, H, S, D]: e4m3 V^T [B, H, D, S], its rows
+    padded to s_pad (16 bytes) underneath so that TMA reads it in place, and fp32 [B, H, cdiv(S, block)]."""
+    B, H, S, D = v.shape
+    s_pad = -(-S // 16) * 16
+    return (torch.empty((B, H, D, s_pad), device=v.device, dtype=torch.float8_e4m3fn)[..., :S],
+            torch.empty((B, H, triton.cdiv(S, block)), device=v.device, dtype=torch.float32), s_pad)
 
 
 def quantize_rows(x, block, rotate):
@@ -299,8 +344,7 @@ def quantize_rows(x, block, rotate):
     One launch of quant_rows."""
     assert x.stride(-1) == 1
     B, H, S, D = x.shape
-    x8 = torch.empty((B, H, S, D), device=x.device, dtype=torch.float8_e4m3fn)
-    descale = _descales((B, H), S, block, x.device)
+    x8, descale = rows_out(x, block)
     if S and B * H:
         r = signed_hadamard(D, x.dtype, x.device)
         quant_rows[(triton.cdiv(S, block), B * H)](x, x8, descale, r, S, H, x.stride(0), x.stride(1), x.stride(2),
@@ -309,14 +353,11 @@ def quantize_rows(x, block, rotate):
 
 
 def quantize_v_transposed(v, block):
-    """(v8t, descale): v [B, H, S, D] as e4m3 V^T [B, H, D, S] (keys contiguous; rows padded to 16
-    bytes underneath, so TMA reads it in place) with one scale per block keys, descale fp32 [B, H,
-    cdiv(S, block)]. One launch of quant_v."""
+    """(v8t, descale): v [B, H, S, D] as e4m3 V^T [B, H, D, S] (keys contiguous) with one scale per
+    block keys, descale fp32 [B, H, cdiv(S, block)]. One launch of quant_v."""
     assert v.stride(-1) == 1
     B, H, S, D = v.shape
-    s_pad = -(-S // 16) * 16
-    v8t = torch.empty((B, H, D, s_pad), device=v.device, dtype=torch.float8_e4m3fn)[..., :S]
-    descale = _descales((B, H), S, block, v.device)
+    v8t, descale, s_pad = v_out(v, block)
     if S and B * H:
         quant_v[(triton.cdiv(S, block), B * H)](v, v8t, descale, S, H, v.stride(0), v.stride(1), v.stride(2), s_pad,
                                                 EXACT_ROUND, D, block)
@@ -332,11 +373,24 @@ def quantize_fp8(x, rotate=False):
 
 
 def quantize_qkv(q, k, v):
-    """The end-to-end path's quantisation, three launches: q per BLOCK_M rows and k per BLOCK_N rows,
-    both rotated; v transposed per BLOCK_N keys. Returns q8, dq, k8, dk, v8t, dv."""
+    """The end-to-end path's quantisation: q per BLOCK_M rows and k per BLOCK_N rows, both rotated; v
+    transposed per BLOCK_N keys. Three launches (quantize_rows twice, quantize_v_transposed), or one of
+    quant_qkv with ONE_LAUNCH, which writes the same bytes. Returns q8, dq, k8, dk, v8t, dv."""
     BLOCK_M, BLOCK_N = tiles()[:2]
-    (q8, dq), (k8, dk) = quantize_rows(q, BLOCK_M, True), quantize_rows(k, BLOCK_N, True)
-    v8t, dv = quantize_v_transposed(v, BLOCK_N)
+    if not ONE_LAUNCH:
+        (q8, dq), (k8, dk) = quantize_rows(q, BLOCK_M, True), quantize_rows(k, BLOCK_N, True)
+        v8t, dv = quantize_v_transposed(v, BLOCK_N)
+        return q8, dq, k8, dk, v8t, dv
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    (q8, dq), (k8, dk) = rows_out(q, BLOCK_M), rows_out(k, BLOCK_N)
+    v8t, dv, s_pad = v_out(v, BLOCK_N)
+    nq, nkv = B * Hq * triton.cdiv(Sq, BLOCK_M), B * Hkv * triton.cdiv(Skv, BLOCK_N)
+    if nq + nkv:
+        quant_qkv[(nq + 2 * nkv,)](q, k, v, q8, k8, v8t, dq, dk, dv, signed_hadamard(D, q.dtype, q.device), Sq, Skv,
+                                   Hq, Hkv, nq, nkv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], s_pad,
+                                   1.0 / math.sqrt(D), EXACT_ROUND, D, BLOCK_M, BLOCK_N)
     return q8, dq, k8, dk, v8t, dv
 
 
