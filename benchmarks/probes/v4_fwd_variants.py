@@ -4,7 +4,8 @@ ladder/student_kernel_solution.cu (v4_persistent's switches unless a flag sets o
 the edge cases (fp16), then timed against cuDNN, alternating, ROUNDS rounds (default 2).
 
     PYTHONPATH=src:. python benchmarks/probes/v4_fwd_variants.py HFA_BLOCK_N=176 HFA_BLOCK_N=176:HFA_CONSUMER_REGS=240
-    CFGS=large,noncausal_8k ROUNDS=3 ...   # the configurations timed (default: large and the 4k-16k sweep)
+    CFGS=large,noncausal_8k ROUNDS=3 ...   # the configurations timed (default: large and the 4k-16k sweep);
+    CFGS=noncausal_8448,...                # a sweep point at any length (B = max(1, 16384 // S), H 16, D 128)
     CLOCKS=1 ...                           # nvidia-smi samples the SM clock and the power every 50 ms: each timing's means
     ncu -k regex:hopper_fa_kernel -s 2 -c 1 --section SpeedOfLight --section WarpStateStats \
         python benchmarks/probes/v4_fwd_variants.py --one noncausal_8k [FLAG=V:...]   # one launch after two, for ncu
@@ -19,7 +20,7 @@ import torch  # noqa: E402
 from benchmarks.rungs import build_cuda  # noqa: E402
 from facourse import validate_inputs  # noqa: E402
 from facourse.bench import bench_attention  # noqa: E402
-from facourse.configs import CONFIGS, EDGE_CASES, SWEEP_4K_16K  # noqa: E402
+from facourse.configs import CONFIGS, EDGE_CASES, SWEEP_4K_16K, sweep_config  # noqa: E402
 from facourse.cuda_build import load_hopper_rung  # noqa: E402
 from facourse.kinds.forward import KIND  # noqa: E402
 from facourse.steps import load_step  # noqa: E402
@@ -30,6 +31,12 @@ SOLUTION = M["ladder"]["solution"]
 SOURCE = M["ladder_dir"] / "student_kernel_solution.cu"  # its switches are #ifndef-guarded: -D flags set them
 CFGS = os.environ.get("CFGS", ",".join(["large", *SWEEP_4K_16K])).split(",")
 LINES: list[str] = []
+
+
+def config(name: str):
+    """A configuration's name, or, for `causal_S` / `noncausal_S` with S in tokens, that sweep point at length S."""
+    kind, _, n = name.rpartition("_")
+    return sweep_config(int(n), kind == "causal") if n.isdigit() and kind in ("causal", "noncausal") else name
 
 
 def entry(ext):
@@ -66,7 +73,7 @@ def main(variants: list[str]) -> None:
                 failed.add(name)
                 print(f"CHECK FAIL {name} {case}: {str(e)[:300]}", flush=True)
         print(f"CHECK {'FAIL' if name in failed else 'ok  '} {name}: {len(CONFIGS) + len(EDGE_CASES)} cases", flush=True)
-    runs = {name: (lambda cfg, fn=fn: bench_attention(fn, cfg, backend="CUDNN_ATTENTION"))
+    runs = {name: (lambda cfg, fn=fn: bench_attention(fn, config(cfg), backend="CUDNN_ATTENTION"))
             for name, fn in fns.items() if name not in failed}
     timed_rounds(runs, CFGS, int(os.environ.get("ROUNDS", "2")), LINES, width=36)
 
