@@ -227,9 +227,9 @@ def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D:
 def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
               sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, S_PAD, inv_sqrt_d,
               EXACT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Q, K and V in one launch (the end-to-end path: one launch costs the host less than three): a
-    1-D grid whose first NQ = B Hq cdiv(Sq, BLOCK_M) programs take Q's tiles (rotated), the next NKV =
-    B Hkv cdiv(Skv, BLOCK_N) K's (rotated), the last NKV V's (transposed)."""
+    """Q, K and V in one launch (quantize_qkv with ONE_LAUNCH, off: see there): a 1-D grid whose first
+    NQ = B Hq cdiv(Sq, BLOCK_M) programs take Q's tiles (rotated), the next NKV = B Hkv cdiv(Skv,
+    BLOCK_N) K's (rotated), the last NKV V's (transposed)."""
     pid = tl.program_id(0)
     if pid < NQ:
         nt = tl.cdiv(Sq, BLOCK_M)
