@@ -854,6 +854,14 @@ if R7:
 # `do_bench` and 1.03x by events (`benchmarks/results/2026-12-03_h200_step07_methods.json`). Without a
 # causal mask it stays at 1.01-1.05x.
 #
+# Part of what is missing there is the last wave. Every point of the sweep has 2048 query tiles of 128
+# rows, 15.5 for each of the 132 SMs, so the last round of tiles leaves half of the SMs idle (the wave
+# efficiency of lecture 09). At lengths whose tiles fill whole waves, 4224, 8448 and 16896 keys (the
+# lengths FlashAttention-3's paper took for its FP8 charts), v14 runs 3-5% more TFLOP/s and cuDNN 2-4%
+# more: the ratio gains up to three points and still stays under 1.08x
+# (`benchmarks/results/2026-12-03_h200_step07_whole_waves.txt`). Splitting the last wave's tiles
+# would not close the gap alone.
+#
 # An older rung did not pay either: `v5_stages3` makes the K/V ring three
 # blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer
 # runs one block further ahead. It changes nothing the consumers wait on in the long loops, and on
