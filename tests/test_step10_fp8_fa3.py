@@ -85,23 +85,25 @@ SCRIPT = """
     attempt(quantiser_v, kind="quantiser", case="v_transposed")
 
     def one_launch():
-        # quantize_qkv's single launch (ONE_LAUNCH) writes what its three one-tensor launches write: GQA,
-        # Sq != Skv, ragged tiles, q and k read through strides (views of [B, S, H, D] storage)
+        # quantize_qkv's single launch (ONE_LAUNCH), and its three launches with two or three row tiles a
+        # program (QUANT_TILES, the last program's partly past S), write what one tile a program writes:
+        # GQA, Sq != Skv, ragged tiles, q and k read through strides (views of [B, S, H, D] storage)
         q = torch.randn(2, 150, 4, 64, generator=gen).half().transpose(1, 2)
         k = torch.randn(2, 90, 2, 64, generator=gen).half().transpose(1, 2)
         v = torch.randn(2, 2, 90, 64, generator=gen).half()
         q[1, 3, 100, 5] = k[0, 1, 7, 2] = v[1, 0, 80, 9] = 60.0
         apart = v7.quantize_qkv(q, k, v)
-        v7.ONE_LAUNCH = True
-        try:
-            fused = v7.quantize_qkv(q, k, v)
-        finally:
-            v7.ONE_LAUNCH = False
-        for name, a, b in zip(("q8", "dq", "k8", "dk", "v8t", "dv"), fused, apart):
-            assert a.shape == b.shape and a.stride() == b.stride(), f"{name}: {a.shape} {a.stride()}"
-            same = torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype == torch.float8_e4m3fn \
-                else torch.equal(a, b)
-            assert same, f"{name} differs between the one launch and the three"
+        for switch, value in (("ONE_LAUNCH", True), ("QUANT_TILES", 2), ("QUANT_TILES", 3)):
+            setattr(v7, switch, value)
+            try:
+                other = v7.quantize_qkv(q, k, v)
+            finally:
+                v7.ONE_LAUNCH, v7.QUANT_TILES = False, 1
+            for name, a, b in zip(("q8", "dq", "k8", "dk", "v8t", "dv"), other, apart):
+                assert a.shape == b.shape and a.stride() == b.stride(), f"{name}: {a.shape} {a.stride()}"
+                same = torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype == torch.float8_e4m3fn \
+                    else torch.equal(a, b)
+                assert same, f"{name} differs with {switch} = {value}"
     attempt(one_launch, kind="quantiser", case="one_launch")
 
     def rotation_is_orthogonal():
@@ -313,8 +315,9 @@ def compile90(fn, types, const):
 
 BM, BN, D = v7.TILES[0], v7.TILES[1], 128
 compile90(v7.quant_rows, {"X": "*fp16", "X8": "*fp8e4nv", "DESCALE": "*fp32", "R": "*fp16", "inv_sqrt_d": "fp32"},
-          {"ROTATE": True, "EXACT": False, "D": D, "BLOCK": BN})
-compile90(v7.quant_v, {"V": "*bf16", "VT8": "*fp8e4nv", "DESCALE": "*fp32"}, {"EXACT": False, "D": D, "BLOCK_N": BN})
+          {"ROTATE": True, "EXACT": False, "D": D, "BLOCK": BN, "TILES": 2})
+compile90(v7.quant_v, {"V": "*bf16", "VT8": "*fp8e4nv", "DESCALE": "*fp32"},
+          {"EXACT": False, "D": D, "BLOCK_N": BN, "TILES": 2})
 compile90(v7.quant_qkv, {**{n: "*fp16" for n in ("Q", "K", "V", "R")}, **{n: "*fp8e4nv" for n in ("Q8", "K8", "VT8")},
                          **{n: "*fp32" for n in ("DQ", "DK", "DV")}, "inv_sqrt_d": "fp32"},
           {"EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN})

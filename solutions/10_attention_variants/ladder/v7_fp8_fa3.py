@@ -90,6 +90,11 @@ LAZY_TAU = tl.constexpr(0.75)
 # 293 us a call against 352, but the GPU 1.42 ms against 1.39: the course's bench reads 1.21x the fp16 solution against
 # 1.23x, CUDA events without the spin 1.01-1.12x against 0.99-1.10x (2026-12-03_h200_step10_fp8_one_launch.txt). Off.
 ONE_LAUNCH = False
+# The one-tensor quantisers: QUANT_TILES consecutive row tiles a program (the rotation read once for all of them),
+# QUANT_WARPS warps. On an H200 on `long` the three take 137 us a call at 1 and 4, 130 us at 4 and 4, no less with 8
+# warps, and end to end the difference is within noise (2026-12-03_h200_step10_fp8_quantisers.txt).
+QUANT_TILES = 1
+QUANT_WARPS = 4
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
 P_LOG2 = tl.constexpr(8.0)
@@ -170,24 +175,34 @@ def dot(a, b, acc, EXACT: tl.constexpr):
 
 
 @triton.jit
-def rows_tile(X, X8, DESCALE, R, pid, bh, S, H, sxb, sxh, sxs, inv_sqrt_d,
+def rotation(R, D: tl.constexpr, ROTATE: tl.constexpr):
+    """R [D, D] loaded once for a program's tiles (zeros when nothing is rotated)."""
+    if ROTATE:
+        r = tl.load(R + tl.arange(0, D)[:, None] * D + tl.arange(0, D)[None, :])
+    else:
+        r = tl.zeros([D, D], R.dtype.element_ty)
+    return r
+
+
+@triton.jit
+def rows_tile(X, X8, DESCALE, r, pid, bh, S, H, sxb, sxh, sxs, inv_sqrt_d,
               ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     """Tile pid of BLOCK rows of (batch x head) bh of X [B, H, S, D] (strides sxb, sxh, sxs, 1):
-    rotated by R / sqrt(D) (R = diag(signs) H_D, [D, D] in X's dtype) when ROTATE, stored e4m3 into
-    X8 [B, H, S, D] (contiguous) with its descale into DESCALE [B, H, cdiv(S, BLOCK)]."""
+    rotated by r / sqrt(D) (r = diag(signs) H_D, [D, D] in X's dtype, from rotation) when ROTATE,
+    stored e4m3 into X8 [B, H, S, D] (contiguous) with its descale into DESCALE [B, H, cdiv(S, BLOCK)];
+    a tile past S stores nothing."""
     b, h = bh // H, bh % H
     rows = pid * BLOCK + tl.arange(0, BLOCK)[:, None]
     cols = tl.arange(0, D)[None, :]
     x = tl.load(X + b.to(tl.int64) * sxb + h * sxh + rows * sxs + cols, mask=rows < S, other=0.0)
     if ROTATE:
-        r = tl.load(R + tl.arange(0, D)[:, None] * D + cols)
         x = dot(x, r, tl.zeros([BLOCK, D], tl.float32), EXACT) * inv_sqrt_d   # +-1 products exact, fp32 sums
     else:
         x = x.to(tl.float32)
     amax = tl.max(tl.max(tl.abs(x), 1), 0)
     descale = tl.where(amax > 0, amax / 448.0, 1.0)                 # an all-zero tile keeps 1
     tl.store(X8 + bh.to(tl.int64) * S * D + rows * D + cols, to_e4m3(x / descale, EXACT), mask=rows < S)
-    tl.store(DESCALE + bh * tl.cdiv(S, BLOCK) + pid, descale)
+    tl.store(DESCALE + bh * tl.cdiv(S, BLOCK) + pid, descale, mask=pid < tl.cdiv(S, BLOCK))
 
 
 @triton.jit
@@ -195,7 +210,7 @@ def v_tile(V, VT8, DESCALE, pid, bh, S, H, svb, svh, svs, S_PAD, EXACT: tl.const
            BLOCK_N: tl.constexpr):
     """Tile pid of BLOCK_N keys of (batch x head) bh of V [B, H, S, D] (strides svb, svh, svs, 1),
     stored e4m3 transposed into VT8 [B, H, D, S_PAD] (keys contiguous), its descale into DESCALE
-    [B, H, cdiv(S, BLOCK_N)]."""
+    [B, H, cdiv(S, BLOCK_N)]; a tile past S stores nothing."""
     b, h = bh // H, bh % H
     keys = pid * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
     cols = tl.arange(0, D)[None, :]
@@ -205,22 +220,27 @@ def v_tile(V, VT8, DESCALE, pid, bh, S, H, svb, svh, svs, S_PAD, EXACT: tl.const
     v8t = to_e4m3(tl.trans(v / descale), EXACT)                     # [D, BLOCK_N]
     keys_t = pid * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tl.store(VT8 + bh.to(tl.int64) * D * S_PAD + tl.arange(0, D)[:, None] * S_PAD + keys_t, v8t, mask=keys_t < S)
-    tl.store(DESCALE + bh * tl.cdiv(S, BLOCK_N) + pid, descale)
+    tl.store(DESCALE + bh * tl.cdiv(S, BLOCK_N) + pid, descale, mask=pid < tl.cdiv(S, BLOCK_N))
 
 
 @triton.jit
 def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
-               ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-    """Q or K alone (the kind's quantize_fp8): grid (cdiv(S, BLOCK), B * H), one rows_tile each."""
-    rows_tile(X, X8, DESCALE, R, tl.program_id(0), tl.program_id(1), S, H, sxb, sxh, sxs, inv_sqrt_d,
-              ROTATE, EXACT, D, BLOCK)
+               ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+               TILES: tl.constexpr):
+    """Q or K alone: grid (cdiv(S, TILES * BLOCK), B * H), TILES consecutive rows_tile each, R read once."""
+    r = rotation(R, D, ROTATE)
+    for g in tl.static_range(TILES):
+        rows_tile(X, X8, DESCALE, r, tl.program_id(0) * TILES + g, tl.program_id(1), S, H, sxb, sxh, sxs,
+                  inv_sqrt_d, ROTATE, EXACT, D, BLOCK)
 
 
 @triton.jit
 def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
-            BLOCK_N: tl.constexpr):
-    """V alone: grid (cdiv(S, BLOCK_N), B * H), one v_tile each."""
-    v_tile(V, VT8, DESCALE, tl.program_id(0), tl.program_id(1), S, H, svb, svh, svs, S_PAD, EXACT, D, BLOCK_N)
+            BLOCK_N: tl.constexpr, TILES: tl.constexpr):
+    """V alone: grid (cdiv(S, TILES * BLOCK_N), B * H), TILES consecutive v_tile each."""
+    for g in tl.static_range(TILES):
+        v_tile(V, VT8, DESCALE, tl.program_id(0) * TILES + g, tl.program_id(1), S, H, svb, svh, svs, S_PAD, EXACT,
+               D, BLOCK_N)
 
 
 @triton.jit
@@ -233,12 +253,14 @@ def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
     pid = tl.program_id(0)
     if pid < NQ:
         nt = tl.cdiv(Sq, BLOCK_M)
-        rows_tile(Q, Q8, DQ, R, pid % nt, pid // nt, Sq, Hq, sqb, sqh, sqs, inv_sqrt_d, True, EXACT, D, BLOCK_M)
+        rows_tile(Q, Q8, DQ, rotation(R, D, True), pid % nt, pid // nt, Sq, Hq, sqb, sqh, sqs, inv_sqrt_d, True,
+                  EXACT, D, BLOCK_M)
     else:
         nt = tl.cdiv(Skv, BLOCK_N)
         p = pid - NQ
         if p < NKV:
-            rows_tile(K, K8, DK, R, p % nt, p // nt, Skv, Hkv, skb, skh, sks, inv_sqrt_d, True, EXACT, D, BLOCK_N)
+            rows_tile(K, K8, DK, rotation(R, D, True), p % nt, p // nt, Skv, Hkv, skb, skh, sks, inv_sqrt_d, True,
+                      EXACT, D, BLOCK_N)
         else:
             p -= NKV
             v_tile(V, VT8, DV, p % nt, p // nt, Skv, Hkv, svb, svh, svs, S_PAD, EXACT, D, BLOCK_N)
@@ -322,6 +344,10 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
 
 
 # ----------------------------------------------------------------------------- host
+def quant_launch():
+    return {} if INTERPRET else dict(num_warps=QUANT_WARPS)
+
+
 def rows_out(x, block):
     """(x8, descale) as rows_tile writes them for x [B, H, S, D]: e4m3 [B, H, S, D], fp32 [B, H, cdiv(S, block)]."""
     B, H, S, D = x.shape
@@ -347,8 +373,9 @@ def quantize_rows(x, block, rotate):
     x8, descale = rows_out(x, block)
     if S and B * H:
         r = signed_hadamard(D, x.dtype, x.device)
-        quant_rows[(triton.cdiv(S, block), B * H)](x, x8, descale, r, S, H, x.stride(0), x.stride(1), x.stride(2),
-                                                   1.0 / math.sqrt(D), bool(rotate), EXACT_ROUND, D, block)
+        quant_rows[(triton.cdiv(S, QUANT_TILES * block), B * H)](
+            x, x8, descale, r, S, H, x.stride(0), x.stride(1), x.stride(2), 1.0 / math.sqrt(D), bool(rotate),
+            EXACT_ROUND, D, block, QUANT_TILES, **quant_launch())
     return x8, descale
 
 
@@ -359,8 +386,9 @@ def quantize_v_transposed(v, block):
     B, H, S, D = v.shape
     v8t, descale, s_pad = v_out(v, block)
     if S and B * H:
-        quant_v[(triton.cdiv(S, block), B * H)](v, v8t, descale, S, H, v.stride(0), v.stride(1), v.stride(2), s_pad,
-                                                EXACT_ROUND, D, block)
+        quant_v[(triton.cdiv(S, QUANT_TILES * block), B * H)](v, v8t, descale, S, H, v.stride(0), v.stride(1),
+                                                              v.stride(2), s_pad, EXACT_ROUND, D, block, QUANT_TILES,
+                                                              **quant_launch())
     return v8t, descale
 
 
