@@ -84,7 +84,7 @@ SCRIPT = """
         assert torch.equal(vt.view(torch.uint8), r8.transpose(-1, -2).view(torch.uint8)) and torch.equal(dv, rd)
     attempt(quantiser_v, kind="quantiser", case="v_transposed")
 
-    def one_launch():
+    def switches():
         # quantize_qkv's single launch (ONE_LAUNCH), and its three launches with two or three row tiles a
         # program (QUANT_TILES, the last program's partly past S), write what one tile a program writes:
         # GQA, Sq != Skv, ragged tiles, q and k read through strides (views of [B, S, H, D] storage)
@@ -104,7 +104,7 @@ SCRIPT = """
                 same = torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype == torch.float8_e4m3fn \
                     else torch.equal(a, b)
                 assert same, f"{name} differs with {switch} = {value}"
-    attempt(one_launch, kind="quantiser", case="one_launch")
+    attempt(switches, kind="quantiser", case="switches")
 
     def rotation_is_orthogonal():
         for D in (64, 128):
@@ -252,7 +252,7 @@ def results():
 
 
 @pytest.mark.parametrize("case", [f"{dt}_d{D}_{how}" for dt in ("float16", "float32") for D in (64, 128)
-                                  for how in ("plain", "rotated")] + ["v_transposed", "one_launch", "orthogonal"])
+                                  for how in ("plain", "rotated")] + ["v_transposed", "switches", "orthogonal"])
 def test_quantiser_matches_pytorch(results, case):
     one_result(results, kind="quantiser", case=case)
 

@@ -103,8 +103,6 @@ a, b = one(q, k, v), three(q, k, v)
 torch.cuda.synchronize()
 print("outputs: one launch and three equal:", torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), flush=True)
 q8, dq, k8, dk, v8t, dv = v7.quantize_qkv(q, k, v)
-
-
 one_launch_quantiser = switched(v7.quantize_qkv, ONE_LAUNCH=True)
 stages = {
     "validate_triton_inputs": lambda: validate_triton_inputs(q, k, v, None),

@@ -20,7 +20,8 @@ accumulation) and by 1/sqrt(D), takes the tile's amax, stores e4m3 and the tile'
 448. ``quant_v`` quantises a tile of BLOCK_N keys of V and stores it transposed into [B, H, D, S] (the
 layout v5's kernel reads, its rows padded to 16 bytes for TMA), with one descale per BLOCK_N keys. V is
 not rotated (O = P V would come out rotated). The GPU path costs one read of q, k, v and one write of
-their e4m3 copies, against v5's separate PyTorch passes (amax, divide, cast, transpose).
+their e4m3 copies, against v5's separate PyTorch passes (amax, divide, cast, transpose). All three in
+one launch (ONE_LAUNCH) and several row tiles a program (QUANT_TILES) were measured and left off.
 
 The accumulator and dv. acc is kept in units of the last tile's dv: before tile j it is rescaled by
 alpha * dv[j-1] / dv[j] (alpha the online softmax's factor, already a per-row multiply), so P_j V8_j
