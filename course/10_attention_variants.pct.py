@@ -916,7 +916,7 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # to back and with CUDA events around each call and no spin: the last counts the host's time to launch
 # four kernels (the three quantisers, then attention) as GPU time, and it is the lowest. On an H200 that
 # host time is 352 us a call, where the fp16 solution's single launch takes 42 us; quantising all three
-# tensors in one launch saves about 60 us of it but costs the GPU more than it saves
+# tensors in one launch saves about 60 us of it but makes the GPU's part slower, 1.42 ms against 1.39 ms
 # (`benchmarks/results/2026-12-03_h200_step10_fp8_one_launch.txt`).
 #
 # The last row, `v8_hopper_fp8`, is step 07's CUDA kernel (TMA, WGMMA, two consumer warpgroups taking

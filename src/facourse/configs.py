@@ -92,7 +92,7 @@ SWEEP_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
 def _length(S: int) -> str:
-    return f"{S // 1024}k" if S >= 1024 else str(S)
+    return f"{S // 1024}k" if S >= 1024 and S % 1024 == 0 else str(S)   # 8448 stays 8448, not 8k
 
 
 def sweep_config(S: int, causal: bool) -> AttnConfig:
