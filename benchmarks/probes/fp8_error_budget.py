@@ -5,8 +5,10 @@ row's final maximum (the kernel's running maximum differs on a few tiles): the f
 the kernel run in Triton's interpreter (2026-11-27_cpu_step10_fp8_error.txt).
 
     PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py [S [SEED]]   # S keys, one head; default 8192, 0
-    PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --spread     # v7's RMSE over lengths and seeds,
-                                                                             # and the rows that carry it
+    PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --spread [N [S ...]]   # v7's RMSE over lengths
+                                                         # and N seeds (4; 2k-8k), and the rows that carry it
+    PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --table3 [S ...]   # FA3's Table 3 rows emulated
+    PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --scales [N]       # rows a scale, N seeds at 8k
 """
 import math
 import sys
@@ -107,8 +109,92 @@ def spread(lengths=(2048, 4096, 8192), seeds=(0, 1, 2, 3), shares=(0.1, 0.5)):
               + "   ".join(f"{c:>40s}" for c in cells))
 
 
+def fa2_fp16(q, k, v, chunk=1024):
+    """FlashAttention-2 in fp16: S and the softmax in fp32, P rounded to fp16 for P V, O to fp16."""
+    out = torch.empty(q.shape[1], D, dtype=torch.float64)
+    for a in range(0, q.shape[1], chunk):
+        s = q[0, a:a + chunk].half().float() @ k[0].half().float().T / math.sqrt(D)
+        p = torch.exp(s - s.amax(1, keepdim=True))
+        out[a:a + chunk] = ((p.half().float() @ v[0].half().float()) / p.sum(1, keepdim=True)).half().double()
+    return out
+
+
+def standard_fp16(q, k, v, chunk=1024):
+    """Attention as three fp16 PyTorch ops: S rounded to fp16, then scaled, softmax's P in fp16, O in fp16."""
+    out = torch.empty(q.shape[1], D, dtype=torch.float64)
+    for a in range(0, q.shape[1], chunk):
+        s = ((q[0, a:a + chunk].half().float() @ k[0].half().float().T).half().float() / math.sqrt(D)).half()
+        out[a:a + chunk] = (torch.softmax(s.float(), 1).half().float() @ v[0].half().float()).half().double()
+    return out
+
+
+def per_tensor(x):
+    """x rounded to e4m3 with one scale for the whole tensor, scale applied back."""
+    scale = x.abs().amax() / 448
+    return e4m3(x / scale) * scale
+
+
+def baseline_fp8(q, k, v, chunk=1024):
+    """FA3's FP8 baseline as its section 4.3 describes it: one scale per tensor for Q, K and V, fp32 GEMM
+    sums, the softmax's results in fp16; P to e4m3 times 448 (its largest value, 1, at e4m3's largest)."""
+    out = torch.empty(q.shape[1], D, dtype=torch.float64)
+    q8, k8, v8 = per_tensor(q), per_tensor(k), per_tensor(v)
+    for a in range(0, q.shape[1], chunk):
+        p = torch.softmax((q8[0, a:a + chunk] @ k8[0].T / math.sqrt(D)).half().float(), 1).half().float()
+        out[a:a + chunk] = (e4m3(p * 448) / 448 @ v8[0]).half().double()
+    return out
+
+
+def scales(S=8192, seeds=range(8)):
+    """v7's RMSE with Q's and K's scales over fewer rows (v7: Q 64, K 128), seed by seed and over the seeds."""
+    variants = {"v7": (64, 128), "Q per 16 rows": (16, 128), "Q per row": (1, 128), "Q and K per row": (1, 1),
+                "K per 16 rows": (64, 16)}
+    print(f"# v7's RMSE by the rows a scale covers: one head a seed, {S} keys, D {D}, non-causal; "
+          f"torch {torch.__version__} on a CPU")
+    print(f"{'seed':>9s} " + " ".join(f"{n:>16s}" for n in variants))
+    sq = {n: [] for n in variants}
+    for seed in seeds:
+        q, k, v = inputs(S, seed)
+        ref, vb = attention(q, k, v), blocks(v, 128)
+        for n, (rq, rk) in variants.items():
+            sq[n].append(float((attention(blocks(q, rq, R), blocks(k, rk, R), vb, True) - ref).pow(2).mean()))
+        print(f"{seed:9d} " + " ".join(f"{e[-1] ** 0.5:16.3e}" for e in sq.values()), flush=True)
+    print(f"{'all seeds':>9s} " + " ".join(f"{(sum(e) / len(e)) ** 0.5:16.3e}" for e in sq.values()))
+
+
+def table3(lengths=(1024, 2048, 4096, 8192, 16384), seeds=(0, 1)):
+    """FA3's Table 3 (Shah et al., 2024) rows emulated on its inputs, for each length and seed, against float64
+    attention of the fp32 draws (before the fp16 rounding of fa3_outlier_inputs, as FA3's FP64 reference would
+    see them): at which length do the emulations read FA3's figures?"""
+    paper = {"FA2 fp16": 1.9e-4, "standard fp16": 3.2e-4, "FP8 baseline": 2.4e-2, "v7": 9.1e-3,
+             "v7, no rotation": 2.4e-2, "v7, one scale a tensor": 9.3e-3}
+    print(f"# FA3's Table 3 emulated: RMSE of O against float64 attention of the fp32 draws; one head, D {D}, "
+          f"non-causal; torch {torch.__version__} on a CPU")
+    print(f"{'keys':>6s} {'seed':>4s} " + " ".join(f"{n:>22s}" for n in paper))
+    print(f"{'FA3':>6s} {'':>4s} " + " ".join(f"{e:22.1e}" for e in paper.values()))
+    for S in lengths:
+        for seed in seeds:
+            g = torch.Generator().manual_seed(seed)
+
+            def draw():   # fa3_outlier_inputs' draw, before its .half()
+                x = torch.randn(1, S, D, generator=g)
+                return x + 10.0 * torch.randn(1, S, D, generator=g) * (torch.rand(1, S, D, generator=g) < 1e-3)
+            q, k, v = draw(), draw(), draw()
+            ref = attention(q, k, v)
+            qh, kh, vh = (t.half().float() for t in (q, k, v))
+            rows = [fa2_fp16(q, k, v), standard_fp16(q, k, v), baseline_fp8(qh, kh, vh), v7_path(qh, kh, vh),
+                    attention(blocks(qh, 64), blocks(kh, 128), blocks(vh, 128), True),
+                    attention(per_tensor(qh @ R), per_tensor(kh @ R), per_tensor(vh), True)]
+            print(f"{S:6d} {seed:4d} " + " ".join(f"{rmse(o, ref):22.2e}" for o in rows), flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--spread"]:
-        spread()
+    if sys.argv[1:2] == ["--spread"]:
+        n = int(sys.argv[2]) if sys.argv[2:] else 4
+        spread(*[tuple(int(a) for a in sys.argv[3:])] if sys.argv[3:] else (), seeds=range(n))
+    elif sys.argv[1:2] == ["--scales"]:
+        scales(seeds=range(int(sys.argv[2]) if sys.argv[2:] else 8))
+    elif sys.argv[1:2] == ["--table3"]:
+        table3(*[tuple(int(a) for a in sys.argv[2:])] if sys.argv[2:] else ())
     else:
         budget(int(sys.argv[1]) if len(sys.argv) > 1 else 8192, int(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -66,11 +66,14 @@ HP_DEVICE uint64_t global_timer_ns() {
 #ifndef HP_DEADLOCK_NS
 #define HP_DEADLOCK_NS 4000000000ull
 #endif
+#ifndef HP_WAIT_SPIN  // 1: every wait without the trap (a measurement switch: a deadlock then hangs)
+#define HP_WAIT_SPIN 0
+#endif
 HP_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
   if (mbar_try_wait(bar, parity)) return;
-  const uint64_t t0 = global_timer_ns();
+  const uint64_t t0 = HP_WAIT_SPIN ? 0 : global_timer_ns();
   while (!mbar_try_wait(bar, parity))
-    if (global_timer_ns() - t0 > HP_DEADLOCK_NS) __trap();
+    if (!HP_WAIT_SPIN && global_timer_ns() - t0 > HP_DEADLOCK_NS) __trap();
 }
 // The same wait without the deadlock trap, for code whose registers are tight: a trap in a warpgroup's
 // code made ptxas serialise every WGMMA of step 08's backward consumers for want of registers (C7512).

@@ -47,6 +47,23 @@ def interpret_without_gpu() -> bool:
     return True
 
 
+def compile_for(fn, types: dict, const: dict, capability: int = 90, **options):
+    """``fn`` (a ``@triton.jit`` kernel defined with the interpreter off) compiled by Triton for an NVIDIA GPU of
+    compute ``capability``, no GPU needed: the arguments named in ``const`` are those constexprs, the others typed
+    by ``types`` (Triton's names: "*fp16", "fp32", "tensordesc<fp8e4nv[16, 128]>"; default "i32"), every pointer
+    16-byte aligned. ``options``: Triton's (num_warps, num_stages). Returns the CompiledKernel (its ``asm``:
+    ttgir, ptx, cubin)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs,
+                                    constexprs={(names.index(k),): v for k, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
+
+
 def _patch_language_once_per_launch() -> None:
     """Triton 3.6's interpreter swaps triton.language's functions for NumPy ones when a kernel is
     launched, and again at every call of a ``@triton.jit`` helper inside it (an online-softmax step,

@@ -75,10 +75,11 @@ EXACT_ROUND = INTERPRET
 TILES = v5.TILES
 INTERPRET_TILES = v5.INTERPRET_TILES
 FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num_stages) for a sweep
-# P's exp2 on the FMA pipes (exp2_fma) instead of the MUFU unit: it passes every check and halves the speed
-# (462 against 841 TFLOP/s at 16k non-causal on an H100, benchmarks/results/2026-11-27_h100_step10_fp8_exp2_fma.txt):
-# here the FMA and integer pipes, not MUFU, are the softmax's limit. Off.
-EXP2_FMA = False
+# P's exp2 on the FMA pipes (exp2_fma) instead of the MUFU unit, for the last 1/EXP2_FMA of each tile's columns
+# (exp2_part; 0: none). All of them (1) passes every check and halves the speed (462 against 841 TFLOP/s at 16k
+# non-causal on an H100, benchmarks/results/2026-11-27_h100_step10_fp8_exp2_fma.txt): here the FMA and integer pipes,
+# not MUFU, are the softmax's limit. Off.
+EXP2_FMA = 0
 # LAZY_RESCALE (FlashAttention-4's conditional rescaling, in e4m3's range): acc is kept in units of the head's
 # largest V descale (dv_max), each P V_j's dv[j] / dv_max folded into P's exp2 as a per-row offset, so no
 # per-tile factor touches acc; a row's max moves only when it grows by more than LAZY_TAU (P then reaches
@@ -95,6 +96,8 @@ ONE_LAUNCH = False
 # QUANT_WARPS warps. On an H200 on `long` the three take 137 us a call at 1 and 4, 130 us at 4 and 4, no less with 8
 # warps, and end to end the difference is within noise (2026-12-03_h200_step10_fp8_quantisers.txt).
 QUANT_TILES = 1
+ROWSUM_MMA = False
+ROWSUM_N = tl.constexpr(16)
 QUANT_WARPS = 4
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
@@ -164,6 +167,43 @@ def exp2_fma(x):
     j = t.to(tl.int32, bitcast=True) - 0x4B400000
     r = (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
     return tl.where(x < -126.0, 0.0, r)
+
+
+@triton.jit
+def halves(x):
+    """x [M, N] as its columns below N / 2 and from N / 2 on: in the tensor cores' accumulator layout a
+    thread holds columns of both halves, so the split moves no data between threads."""
+    return tl.split(x.reshape(x.shape[0], 2, x.shape[1] // 2).permute(0, 2, 1))
+
+
+@triton.jit
+def joined(a, b):
+    """The inverse of halves: [M, N / 2] twice back into [M, N]."""
+    return tl.join(a, b).permute(0, 2, 1).reshape(a.shape[0], 2 * a.shape[1])
+
+
+@triton.jit
+def exp2_part(x, PART: tl.constexpr):
+    """2^x with the last 1/PART of x's columns on the FMA pipes (exp2_fma), the rest on the MUFU unit
+    (PART 0: all on MUFU; 1: all on the FMA pipes; 2, 4, 8: a half, quarter, eighth)."""
+    if PART == 0:
+        r = tl.math.exp2(x)
+    elif PART == 1:
+        r = exp2_fma(x)
+    elif PART == 2:
+        a, b = halves(x)
+        r = joined(tl.math.exp2(a), exp2_fma(b))
+    elif PART == 4:
+        a, b = halves(x)
+        b0, b1 = halves(b)
+        r = joined(tl.math.exp2(a), joined(tl.math.exp2(b0), exp2_fma(b1)))
+    else:
+        tl.static_assert(PART == 8, "PART: 0, 1, 2, 4 or 8")
+        a, b = halves(x)
+        b0, b1 = halves(b)
+        c0, c1 = halves(b1)
+        r = joined(tl.math.exp2(a), joined(tl.math.exp2(b0), joined(tl.math.exp2(c0), exp2_fma(c1))))
+    return r
 
 
 @triton.jit
@@ -268,9 +308,10 @@ def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
 
 
 @triton.jit
-def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
+def block_tiles(acc, m_i, l_i, dv_prev, ONES, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr,
+                ROWSUM_MMA: tl.constexpr):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
     head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -287,16 +328,18 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
             x = s * qk_scale - (m_use - P_LOG2 - tl.math.log2(dv / dv_prev))[:, None]
         else:
             x = s * qk_scale - (m_use - P_LOG2)[:, None]
-        p = exp2_fma(x) if FMA_EXP2 else tl.math.exp2(x)               # P times 2^P_LOG2, in [0, 256]
+        p = exp2_part(x, FMA_EXP2)                                   # P times 2^P_LOG2, in [0, 256]
         alpha = tl.math.exp2(m_i - m_use)
         if LAZY:
             l_i = l_i * alpha + tl.sum(p, 1) * (dv_prev / dv)
-        else:
+        elif not ROWSUM_MMA:
             l_i = l_i * alpha + tl.sum(p, 1)
         if vT.dtype == tl.float8e4nv:
             p = to_e4m3(p, EXACT)
         else:
             p = p.to(vT.dtype)                                      # the tests' quantised values held in fp16
+        if ROWSUM_MMA:                                              # l of the rounded P, on the tensor cores
+            l_i = dot(p, ONES.load([0, 0]).T, l_i * alpha[:, None], EXACT)
         if LAZY:
             if tl.min(alpha, 0) < 1.0:                              # some row's max moved: rescale this tile only
                 acc = acc * alpha[:, None]
@@ -309,10 +352,10 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
 
 
 @triton.jit
-def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
+def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, ONES, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
-                  LAZY: tl.constexpr):
+                  LAZY: tl.constexpr, ROWSUM_MMA: tl.constexpr):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -324,7 +367,10 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
     kv_row = (b * Hkv + h_kv) * NK
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if ROWSUM_MMA:
+        l_i = tl.zeros([BLOCK_M, ROWSUM_N], tl.float32)             # every column the same row sum
+    else:
+        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     dv_prev = tl.load(DV + kv_row)                                  # the first tile's: its ratio is 1
     if LAZY:                                                        # the head's largest: every ratio <= 1
@@ -333,11 +379,13 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
             dv_prev = tl.maximum(dv_prev, tl.max(tl.load(DV + kv_row + jj, mask=jj < NK, other=0.0), 0))
     off = Skv - Sq
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
-                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
-    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
-                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
+    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, ONES, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
+                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY, ROWSUM_MMA)
+    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, ONES, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
+                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY, ROWSUM_MMA)
 
+    if ROWSUM_MMA:
+        l_i = tl.max(l_i, 1)
     o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
     o = o * dv_prev                                                 # acc was in units of the last dv (LAZY: dv_max)
     O.store([b, h, start_m, 0], o.to(O.dtype).reshape(1, 1, BLOCK_M, D))
@@ -423,6 +471,14 @@ def quantize_qkv(q, k, v):
     return q8, dq, k8, dk, v8t, dv
 
 
+@functools.lru_cache(maxsize=None)
+def ones_desc(device, block_n):
+    """ROWSUM_MMA's B operand, ones [ROWSUM_N, block_n] in e4m3, as a descriptor the key loop loads from."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    ones = torch.ones(ROWSUM_N.value, block_n, device=device).to(torch.float8_e4m3fn)
+    return TensorDescriptor.from_tensor(ones, [ROWSUM_N.value, block_n])
+
+
 def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype):
     """The launch, with no device check. q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D], v8t [B, Hkv, D, Skv]
     (stride(-1) == 1); descale_q [B, Hq, cdiv(Sq, n * BLOCK_M)] (one per n query tiles, n >= 1),
@@ -442,8 +498,8 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
     descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
-        *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, **launch)
+        *descs, lse, *descales, ones_desc(q8.device, BLOCK_N), Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, ROWSUM_MMA, **launch)
     return o, lse
 
 
