@@ -862,6 +862,13 @@ if R7:
 # (`benchmarks/results/2026-12-03_h200_step07_whole_waves.txt`). Splitting the last wave's tiles
 # would not close the gap alone.
 #
+# The keys waste a little too: 4096 keys are 23 blocks of 176 and a 24th holding 48. Blocks of 128
+# keys divide every length of the sweep, but they lose 3.6-8.4% of v14's TFLOP/s on it, 4k included:
+# at 128 keys ptxas builds each WGMMA descriptor in thread registers and copies it over, 48 times a
+# key block. Dropping the deadlock trap from the mbarrier waits (no clock read when a first try misses)
+# changes nothing measurable either
+# (`benchmarks/results/2026-12-03_h200_step07_wait_spin_block128.txt`).
+#
 # An older rung did not pay either: `v5_stages3` makes the K/V ring three
 # blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer
 # runs one block further ahead. It changes nothing the consumers wait on in the long loops, and on

@@ -896,6 +896,15 @@ for label, r in (("no rotation", lambda x: x), ("rotated Q and K", rot)):
 # a little above it (`2026-12-02_cpu_step10_fp8_error_spread.txt`, emulated on a CPU). One head's
 # RMSE is a sample, and FA3's is one too.
 #
+# Which length FA3 measured at, its paper does not say; its other rows do. Emulated on the same draws
+# against float64 attention, FlashAttention-2 in fp16, plain fp16 attention and FA3's per-tensor FP8
+# baseline read FA3's three figures for them at 8192 keys, lower ones at 4096 and higher at 16384. At
+# 8192 keys, over eight heads, v7's RMSE lies 1% above FA3's figure, single heads anywhere from 5% below
+# it to 7% above: FA3's one figure is inside that spread, and the mean over heads still misses it. Finer
+# scales for $Q$ or $K$ (per 16 rows, per row) move that mean less than the heads differ, up on some
+# heads and down on others: in e4m3 a scale only decides where a block's largest entry lands, and every
+# entry keeps its 3 mantissa bits wherever that is (`2026-12-03_cpu_step10_fp8_fa3_table3.txt`).
+#
 # `v7_fp8_fa3` does this on the GPU: one fused Triton kernel per tensor reads the fp16 tile once,
 # multiplies $Q$ and $K$ tiles by diag(signs) $H_D / \sqrt{D}$ with one `tl.dot` (entries $\pm 1$, exact),
 # takes the tile's amax, and writes e4m3 and the tile's scale ($V$ goes out transposed, the layout the
@@ -955,6 +964,20 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # slower: on an H200 it ran at 0.71-0.72x v7's speed on inputs already in e4m3
 # (`benchmarks/results/2026-11-28_h200_step10_fp8_lazy.txt`). The branch around the rescale inside the
 # key loop is its one structural change, and Triton may no longer pipeline that loop; the switch is off.
+#
+# FlashAttention-4 also moves part of the exponentials off the MUFU unit, the one that computes exp2: a
+# cubic and an integer add into the exponent compute $2^x$ on the FMA pipes, for a share of the columns.
+# On Hopper that loses. The unit gives 16 results a clock per SM (FA3's paper, §3.2: 3.9 TFLOPS of
+# special functions on an H100 SXM5), so one warp's `MUFU.EX2` holds its quarter of the unit for 8
+# cycles; `v7`'s key loop issues 565 instructions a warp for a 128-key tile, 67 of them `MUFU`, which is
+# 536 cycles of the unit. The loop is at its MUFU limit and its issue limit at once, and each exponential
+# moved to the FMA pipes costs about ten more instructions. With the switch `EXP2_FMA` at 8 (the last
+# eighth of each tile's columns in software) `v7` loses 20-27% of its speed on `long` and at 16k on an
+# H200, at 4 (a quarter) 23-30% (`benchmarks/results/2026-12-03_h200_step10_fp8_exp2_part.txt`; the
+# loop's instructions, read in its SASS on a CPU, in `2026-12-03_cpu_step10_fp8_loop_sass.txt`). Taking the
+# row sums of $\tilde P$ off the FMA pipes instead, as one more small product on the tensor cores ($\tilde
+# P$ times a tile of ones), saves no instructions and costs accuracy: the FP8 tensor cores sum with fewer
+# bits than fp32, and the RMSE on FA3's inputs at 8192 keys doubled (same file).
 #
 # ## 8. On a GPU: FlexAttention with a sliding window
 #

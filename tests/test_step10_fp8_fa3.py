@@ -321,9 +321,9 @@ compile90(v7.quant_qkv, {**{n: "*fp16" for n in ("Q", "K", "V", "R")}, **{n: "*f
 desc = lambda dt, r, c: f"tensordesc<{dt}[1, 1, {r}, {c}]>"
 compile90(v7.fp8_block_fwd, {"Q": desc("fp8e4nv", BM, D), "K": desc("fp8e4nv", BN, D), "VT": desc("fp8e4nv", D, BN),
                              "O": desc("fp16", BM, D), "LSE": "*fp32", "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32",
-                             "ONES": f"tensordesc<fp8e4nv[{v7.ROWSUM_N.value}, {BN}]>", "scale": "fp32"},
+                             "scale": "fp32"},
           {"CAUSAL": True, "GROUP": 4, "Q_PER": 2, "EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN,
-           "FMA_EXP2": 4, "LAZY": False, "ROWSUM_MMA": True})
+           "FMA_EXP2": 4})
 print("compiled")
 """
 

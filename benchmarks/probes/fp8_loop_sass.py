@@ -23,7 +23,7 @@ from sass_loops import kernels, loops, opcode  # noqa: E402
 
 OPS = ("MUFU", "FADD", "FFMA", "FMUL", "FMNMX", "F2FP", "PRMT", "LOP3", "QGMMA", "STS", "BAR")
 # a module switch of v7 -> the kernel's constexpr it sets
-SWITCHES = {"EXP2_FMA": "FMA_EXP2", "LAZY_RESCALE": "LAZY", "ROWSUM_MMA": "ROWSUM_MMA"}
+SWITCHES = {"EXP2_FMA": "FMA_EXP2", "LAZY_RESCALE": "LAZY"}
 CUOBJDUMP = find_cuobjdump() or os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
 
 
@@ -35,8 +35,6 @@ def build(switches):
     const = {"CAUSAL": False, "GROUP": 1, "Q_PER": max(1, BN // BM), "EXACT": False, "D": 128, "BLOCK_M": BM,
              "BLOCK_N": BN}
     const.update({arg: switches.get(name, getattr(v7, name)) for name, arg in SWITCHES.items()})
-    if "ONES" in v7.fp8_block_fwd.arg_names:
-        types["ONES"] = f"tensordesc<fp8e4nv[{v7.ROWSUM_N.value}, {BN}]>"
     kernel = compile_for(v7.fp8_block_fwd, types, const, 90, num_warps=warps, num_stages=stages)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])

@@ -77,8 +77,11 @@ INTERPRET_TILES = v5.INTERPRET_TILES
 FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num_stages) for a sweep
 # P's exp2 on the FMA pipes (exp2_fma) instead of the MUFU unit, for the last 1/EXP2_FMA of each tile's columns
 # (exp2_part; 0: none). All of them (1) passes every check and halves the speed (462 against 841 TFLOP/s at 16k
-# non-causal on an H100, benchmarks/results/2026-11-27_h100_step10_fp8_exp2_fma.txt): here the FMA and integer pipes,
-# not MUFU, are the softmax's limit. Off.
+# non-causal on an H100, benchmarks/results/2026-11-27_h100_step10_fp8_exp2_fma.txt). An eighth (8), FlashAttention-4's
+# way of sharing the exp2 out, still loses 20-27% on `long` and at 16k on an H200, a quarter (4) 23-30%
+# (2026-12-03_h200_step10_fp8_exp2_part.txt): the key loop is at its MUFU limit and its issue limit at once, and each
+# exp2 moved costs some ten instructions more (2026-12-03_cpu_step10_fp8_loop_sass.txt). Off. (P's row sums on the
+# tensor cores, ROWSUM_MMA at commit 7df4a72, were measured in the same run: slower, and less accurate. Removed.)
 EXP2_FMA = 0
 # LAZY_RESCALE (FlashAttention-4's conditional rescaling, in e4m3's range): acc is kept in units of the head's
 # largest V descale (dv_max), each P V_j's dv[j] / dv_max folded into P's exp2 as a per-row offset, so no
@@ -96,8 +99,6 @@ ONE_LAUNCH = False
 # QUANT_WARPS warps. On an H200 on `long` the three take 137 us a call at 1 and 4, 130 us at 4 and 4, no less with 8
 # warps, and end to end the difference is within noise (2026-12-03_h200_step10_fp8_quantisers.txt).
 QUANT_TILES = 1
-ROWSUM_MMA = False
-ROWSUM_N = tl.constexpr(16)
 QUANT_WARPS = 4
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
@@ -308,10 +309,9 @@ def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
 
 
 @triton.jit
-def block_tiles(acc, m_i, l_i, dv_prev, ONES, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
+def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr,
-                ROWSUM_MMA: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
     head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -332,14 +332,12 @@ def block_tiles(acc, m_i, l_i, dv_prev, ONES, q, K, VT, DK, DV, b, h_kv, kv_row,
         alpha = tl.math.exp2(m_i - m_use)
         if LAZY:
             l_i = l_i * alpha + tl.sum(p, 1) * (dv_prev / dv)
-        elif not ROWSUM_MMA:
+        else:
             l_i = l_i * alpha + tl.sum(p, 1)
         if vT.dtype == tl.float8e4nv:
             p = to_e4m3(p, EXACT)
         else:
             p = p.to(vT.dtype)                                      # the tests' quantised values held in fp16
-        if ROWSUM_MMA:                                              # l of the rounded P, on the tensor cores
-            l_i = dot(p, ONES.load([0, 0]).T, l_i * alpha[:, None], EXACT)
         if LAZY:
             if tl.min(alpha, 0) < 1.0:                              # some row's max moved: rescale this tile only
                 acc = acc * alpha[:, None]
@@ -352,10 +350,10 @@ def block_tiles(acc, m_i, l_i, dv_prev, ONES, q, K, VT, DK, DV, b, h_kv, kv_row,
 
 
 @triton.jit
-def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, ONES, Hq, Hkv, Sq, Skv, NQ, NK, scale,
+def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
-                  LAZY: tl.constexpr, ROWSUM_MMA: tl.constexpr):
+                  LAZY: tl.constexpr):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -367,10 +365,7 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, ONES, Hq, Hkv, Sq, Skv, NQ, NK, 
     kv_row = (b * Hkv + h_kv) * NK
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    if ROWSUM_MMA:
-        l_i = tl.zeros([BLOCK_M, ROWSUM_N], tl.float32)             # every column the same row sum
-    else:
-        l_i = tl.zeros([BLOCK_M], tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     dv_prev = tl.load(DV + kv_row)                                  # the first tile's: its ratio is 1
     if LAZY:                                                        # the head's largest: every ratio <= 1
@@ -379,13 +374,11 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, ONES, Hq, Hkv, Sq, Skv, NQ, NK, 
             dv_prev = tl.maximum(dv_prev, tl.max(tl.load(DV + kv_row + jj, mask=jj < NK, other=0.0), 0))
     off = Skv - Sq
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, ONES, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
-                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY, ROWSUM_MMA)
-    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, ONES, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
-                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY, ROWSUM_MMA)
+    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
+                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
+    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
+                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
 
-    if ROWSUM_MMA:
-        l_i = tl.max(l_i, 1)
     o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
     o = o * dv_prev                                                 # acc was in units of the last dv (LAZY: dv_max)
     O.store([b, h, start_m, 0], o.to(O.dtype).reshape(1, 1, BLOCK_M, D))
@@ -471,14 +464,6 @@ def quantize_qkv(q, k, v):
     return q8, dq, k8, dk, v8t, dv
 
 
-@functools.lru_cache(maxsize=None)
-def ones_desc(device, block_n):
-    """ROWSUM_MMA's B operand, ones [ROWSUM_N, block_n] in e4m3, as a descriptor the key loop loads from."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    ones = torch.ones(ROWSUM_N.value, block_n, device=device).to(torch.float8_e4m3fn)
-    return TensorDescriptor.from_tensor(ones, [ROWSUM_N.value, block_n])
-
-
 def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype):
     """The launch, with no device check. q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D], v8t [B, Hkv, D, Skv]
     (stride(-1) == 1); descale_q [B, Hq, cdiv(Sq, n * BLOCK_M)] (one per n query tiles, n >= 1),
@@ -498,8 +483,8 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
     descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
-        *descs, lse, *descales, ones_desc(q8.device, BLOCK_N), Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, ROWSUM_MMA, **launch)
+        *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, **launch)
     return o, lse
 
 
