@@ -968,16 +968,18 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # FlashAttention-4 also moves part of the exponentials off the MUFU unit, the one that computes exp2: a
 # cubic and an integer add into the exponent compute $2^x$ on the FMA pipes, for a share of the columns.
 # On Hopper that loses. The unit gives 16 results a clock per SM (FA3's paper, §3.2: 3.9 TFLOPS of
-# special functions on an H100 SXM5), so one warp's `MUFU.EX2` holds its quarter of the unit for 8
-# cycles; `v7`'s key loop issues 565 instructions a warp for a 128-key tile, 67 of them `MUFU`, which is
-# 536 cycles of the unit. The loop is at its MUFU limit and its issue limit at once, and each exponential
-# moved to the FMA pipes costs about ten more instructions. With the switch `EXP2_FMA` at 8 (the last
-# eighth of each tile's columns in software) `v7` loses 20-27% of its speed on `long` and at 16k on an
-# H200, at 4 (a quarter) 23-30% (`benchmarks/results/2026-12-03_h200_step10_fp8_exp2_part.txt`; the
-# loop's instructions, read in its SASS on a CPU, in `2026-12-03_cpu_step10_fp8_loop_sass.txt`). Taking the
-# row sums of $\tilde P$ off the FMA pipes instead, as one more small product on the tensor cores ($\tilde
-# P$ times a tile of ones), saves no instructions and costs accuracy: the FP8 tensor cores sum with fewer
-# bits than fp32, and the RMSE on FA3's inputs at 8192 keys doubled (same file).
+# special functions on an H100 SXM5), and at `v7`'s speed it is less than half busy, and so are the issue
+# slots: `v7`'s key loop issues 565 instructions a warp for a 128-key tile, 67 of them `MUFU`, and two
+# warps share each scheduler. What sets the speed is each warp's own chain: it waits for its $S$, then
+# issues its softmax's dependent instructions with one other warp beside it, so the loop's time follows
+# its instruction count, and an exponential moved to the FMA pipes is about ten instructions instead of
+# one. With the switch `EXP2_FMA` at 8 (the last eighth of each tile's columns in software) `v7` loses
+# 20-27% of its speed on `long` and at 16k on an H200, at 4 (a quarter) 23-30%
+# (`benchmarks/results/2026-12-03_h200_step10_fp8_exp2_part.txt`; the loop's instructions, read in its
+# SASS on a CPU, in `2026-12-03_cpu_step10_fp8_loop_sass.txt`). Taking the row sums of $\tilde P$ off the
+# FMA pipes instead, as one more small product on the tensor cores ($\tilde P$ times a tile of ones),
+# saves no instructions and costs accuracy: the FP8 tensor cores sum with fewer bits than fp32, and the
+# RMSE on FA3's inputs at 8192 keys doubled (same file).
 #
 # ## 8. On a GPU: FlexAttention with a sliding window
 #

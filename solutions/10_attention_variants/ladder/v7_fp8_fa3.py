@@ -79,9 +79,9 @@ FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num
 # (exp2_part; 0: none). All of them (1) passes every check and halves the speed (462 against 841 TFLOP/s at 16k
 # non-causal on an H100, benchmarks/results/2026-11-27_h100_step10_fp8_exp2_fma.txt). An eighth (8), FlashAttention-4's
 # way of sharing the exp2 out, still loses 20-27% on `long` and at 16k on an H200, a quarter (4) 23-30%
-# (2026-12-03_h200_step10_fp8_exp2_part.txt): the key loop is at its MUFU limit and its issue limit at once, and each
-# exp2 moved costs some ten instructions more (2026-12-03_cpu_step10_fp8_loop_sass.txt). Off. (P's row sums on the
-# tensor cores, ROWSUM_MMA at commit 7df4a72, were measured in the same run: slower, and less accurate. Removed.)
+# (2026-12-03_h200_step10_fp8_exp2_part.txt): MUFU is less than half busy, the loop's time follows its instruction
+# count, and each exp2 moved costs some ten instructions more (2026-12-03_cpu_step10_fp8_loop_sass.txt). Off. (P's row
+# sums on the tensor cores, ROWSUM_MMA at commit 7df4a72, were measured in the same run: slower, less accurate. Removed.)
 EXP2_FMA = 0
 # LAZY_RESCALE (FlashAttention-4's conditional rescaling, in e4m3's range): acc is kept in units of the head's
 # largest V descale (dv_max), each P V_j's dv[j] / dv_max folded into P's exp2 as a per-row offset, so no
