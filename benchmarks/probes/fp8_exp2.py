@@ -31,25 +31,25 @@ def use(variant):
 
 
 DEFAULTS = {name: getattr(v7, name) for name, _ in VARIANTS}
-for fma in [None, *VARIANTS]:
-    fma = use(fma)
+for variant in [None, *VARIANTS]:
+    label = use(variant)
     for dt in (torch.float16, torch.bfloat16):
         for case in KIND.check_cases(None, None, None):
             r = check_fp8(v7.flash_attention_fp8, case, device="cuda", dtype=dt, verbose=False)
-            out["checks"][f"{fma} {case} {dt}"] = r
+            out["checks"][f"{label} {case} {dt}"] = r
 print("checks passed:", len(out["checks"]), {k: round(v.get("rmse", 0), 6) for k, v in out["checks"].items() if "outliers" in k and "float16" in k})
 use(None)
 bench.CROSS_CHECK = True
 for rnd in range(2):
-    for fma in [None, *VARIANTS]:
-        fma = use(fma)
+    for variant in [None, *VARIANTS]:
+        label = use(variant)
         for case in ("noncausal_16k", "long", "large"):
             r = bench_fp8(v7.flash_attention_fp8_prequantized, v7.quantize_fp8, case, backend="CUDNN_ATTENTION")
             x = {m: t["r"] / t["s"] for m, t in bench.last_cross.items()}
-            out["rows"].append({"round": rnd, "fma": fma, "case": case, "mode": "e4m3", "tflops": r.tflops_student, "ratio": r.ratio, **x})
-            print(f"{rnd} {fma:>14} {case:>14} e4m3 {r.tflops_student:5.0f} TFLOP/s  cuDNN {r.ratio:.3f}x  do_bench {x['do_bench']:.3f}x  events {x['events']:.3f}x", flush=True)
+            out["rows"].append({"round": rnd, "variant": label, "case": case, "mode": "e4m3", "tflops": r.tflops_student, "ratio": r.ratio, **x})
+            print(f"{rnd} {label:>14} {case:>14} e4m3 {r.tflops_student:5.0f} TFLOP/s  cuDNN {r.ratio:.3f}x  do_bench {x['do_bench']:.3f}x  events {x['events']:.3f}x", flush=True)
         r = bench_attention(v7.flash_attention_fp8, "long", backend="CUDNN_ATTENTION")
         x = {m: t["r"] / t["s"] for m, t in bench.last_cross.items()}
-        out["rows"].append({"round": rnd, "fma": fma, "case": "long", "mode": "e2e", "tflops": r.tflops_student, "ratio": r.ratio, **x})
-        print(f"{rnd} {fma:>14} {'long':>14} e2e  {r.tflops_student:5.0f} TFLOP/s  cuDNN {r.ratio:.3f}x  do_bench {x['do_bench']:.3f}x  events {x['events']:.3f}x", flush=True)
+        out["rows"].append({"round": rnd, "variant": label, "case": "long", "mode": "e2e", "tflops": r.tflops_student, "ratio": r.ratio, **x})
+        print(f"{rnd} {label:>14} {'long':>14} e2e  {r.tflops_student:5.0f} TFLOP/s  cuDNN {r.ratio:.3f}x  do_bench {x['do_bench']:.3f}x  events {x['events']:.3f}x", flush=True)
 json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), f"probe_{SWITCH.lower()}.json"), "w"), indent=1)

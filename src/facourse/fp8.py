@@ -30,16 +30,17 @@ FP8_OUTLIER_CASES = {"fa3_outliers_2k": (1, 4, 2048, 0), "fa3_outliers_8k": (1, 
 FP8_OUTLIER_RMSE = 3e-2
 
 
-def fa3_outlier_inputs(B, H, S, D, seed, outliers=True):
-    """q, k, v fp16 [B, H, S, D] on the CPU, entries N(0, 1) plus, with outliers, N(0, 100) on a
-    Bernoulli(0.001) draw of them; torch.Generator().manual_seed(seed), q, k, v drawn in that order."""
+def fa3_outlier_inputs(B, H, S, D, seed, outliers=True, dtype=torch.float16):
+    """q, k, v [B, H, S, D] in ``dtype`` (fp32: the draws themselves) on the CPU, entries N(0, 1) plus, with
+    outliers, N(0, 100) on a Bernoulli(0.001) draw of them; torch.Generator().manual_seed(seed), q, k, v drawn
+    in that order."""
     g = torch.Generator().manual_seed(seed)
 
     def draw():
         x = torch.randn(B, H, S, D, generator=g)
         if outliers:
             x = x + 10.0 * torch.randn(B, H, S, D, generator=g) * (torch.rand(B, H, S, D, generator=g) < 1e-3)
-        return x.half()
+        return x.to(dtype)
     return draw(), draw(), draw()
 
 
