@@ -981,6 +981,13 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # saves no instructions and costs accuracy: the FP8 tensor cores sum with fewer bits than fp32, and the
 # RMSE on FA3's inputs at 8192 keys doubled (same file).
 #
+# The count is not the whole chain, though: what the chain waits for matters too. Each tile's $K$ descale
+# enters right after $S$ (the row maximum needs $S$ times it). Through `tl.load` Triton's pipeliner copies
+# it a step ahead into shared memory, which costs a wait, a shared load and the copy's bookkeeping every
+# step. Read instead by a plain global load in the step that uses it, the loop holds 550 instructions
+# instead of 565 and runs 5-9% slower at 16k and on `long`: that load comes back after $S$ does
+# (`benchmarks/results/2026-12-03_h200_step10_fp8_plain_descales.txt`).
+#
 # ## 8. On a GPU: FlexAttention with a sliding window
 #
 # The cell times PyTorch's FlexAttention, compiled (`torch.compile(flex_attention)` generates a Triton

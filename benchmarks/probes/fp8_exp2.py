@@ -1,8 +1,8 @@
 """A/B on the GPU: v7_fp8_fa3 as committed and with its module switches set as each argument says (NAME=VALUE,
 a variant each; a bare NAME means NAME=1; default EXP2_FMA, P's exp2 on the FMA pipes instead of the MUFU unit, and
 EXP2_FMA=8 puts only the last eighth of each tile's columns there; LAZY_RESCALE, the conditional rescale; ROWSUM_MMA
-at commit 7df4a72, P's row sums on the tensor cores), checked on the FP8 kind's cases, then timed alternating in one
-process (course bench, do_bench, events).
+at commit 7df4a72, P's row sums on the tensor cores; PLAIN_DESCALES at commit 4e3c70f, dk by a plain global load),
+checked on the FP8 kind's cases, then timed alternating in one process (course bench, do_bench, events).
 
     PYTHONPATH=src:. python benchmarks/probes/fp8_exp2.py [NAME[=VALUE] ...]"""
 import json, os, sys

@@ -90,10 +90,6 @@ EXP2_FMA = 0
 # FA3's outlier inputs is 1.10-1.13x v7's (2026-11-28_cpu_step10_fp8_lazy.txt) and it runs at 0.71-0.72x v7's
 # speed on an H200 (606-626 against 851-870 TFLOP/s, 2026-11-28_h200_step10_fp8_lazy.txt).
 LAZY_RESCALE = False
-# PLAIN_DESCALES: each key tile's dk and dv by a plain global load (load_descale). Through tl.load, Triton's pipeliner
-# sends dk (it feeds P, an operand of the P V dot) through shared memory by cp.async: a wait, a shared load and the
-# copy's bookkeeping every step. Loading the next tile's descales one step ahead instead stops the pipelining of K and V.
-PLAIN_DESCALES = False
 LAZY_TAU = tl.constexpr(0.75)
 # ONE_LAUNCH: Q, K and V quantised by one launch of quant_qkv instead of three. On an H200 on `long` the host spends
 # 293 us a call against 352, but the GPU 1.42 ms against 1.39: the course's bench reads 1.21x the fp16 solution against
@@ -313,27 +309,20 @@ def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
 
 
 @triton.jit
-def load_descale(ptr, PLAIN: tl.constexpr):
-    """One fp32 descale; PLAIN: by a global load in inline PTX, which Triton's pipeliner leaves where it is."""
-    if PLAIN:
-        return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=f,l", [ptr], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    return tl.load(ptr)
-
-
-@triton.jit
 def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr,
-                PLAIN: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
     head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
         j = start_n // BLOCK_N
         k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
         vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)
-        qk_scale = q_scale * load_descale(DK + kv_row + j, PLAIN)    # scale * dq[i] * dk[j] * log2(e)
-        dv = tl.load(DV + kv_row + j)                               # (not pipelined: it scales acc, no operand)
+        # scale * dq[i] * dk[j] * log2(e). tl.load lets the pipeliner copy dk ahead through shared memory; a plain load
+        # in this step (PLAIN_DESCALES at commit 4e3c70f) arrives after the Q K^T dot: 5-9% slower at 16k and on `long`
+        # (benchmarks/results/2026-12-03_h200_step10_fp8_plain_descales.txt)
+        qk_scale = q_scale * tl.load(DK + kv_row + j)
+        dv = tl.load(DV + kv_row + j)
         s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
         s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
         if LAZY:   # keep a row's max unless it grew by more than LAZY_TAU; P V_j's dv / dv_max rides the exp2
@@ -367,7 +356,7 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
 def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
-                  LAZY: tl.constexpr, PLAIN: tl.constexpr):
+                  LAZY: tl.constexpr):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -389,11 +378,9 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
     off = Skv - Sq
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
-                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
-                                         PLAIN)
+                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
-                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
-                                         PLAIN)
+                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
 
     o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
     o = o * dv_prev                                                 # acc was in units of the last dv (LAZY: dv_max)
@@ -500,7 +487,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PLAIN_DESCALES and not INTERPRET, **launch)
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, **launch)
     return o, lse
 
 
