@@ -872,8 +872,8 @@ if R7:
 # FlashAttention-4's Hopper forward, faster than `v13` on `noncausal_8k`, launches one CTA per tile
 # with 128-key blocks. Without persistent CTAs, `v14`'s loop has no register copies at 128 keys either,
 # yet neither width beats `v14` anywhere: at 176 keys the non-causal sweep is level at 16k and up to
-# 2.6% behind at 4k and 8k, and `large` loses 9-14%, with each CTA's first loads no longer hidden under
-# the previous tile (`benchmarks/results/2026-12-03_h200_step07_not_persistent.txt`).
+# 2.6% behind at 4k and 8k, and `large` loses 9-14%, most likely because each CTA's first loads are
+# no longer hidden under the previous tile (`benchmarks/results/2026-12-03_h200_step07_not_persistent.txt`).
 #
 # An older rung did not pay either: `v5_stages3` makes the K/V ring three
 # blocks deep instead of two (224 KB of the 227 KB of shared memory at $D = 128$), so the producer

@@ -985,8 +985,8 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # enters right after $S$ (the row maximum needs $S$ times it). Through `tl.load` Triton's pipeliner copies
 # it a step ahead into shared memory, which costs a wait, a shared load and the copy's bookkeeping every
 # step. Read instead by a plain global load in the step that uses it, the loop holds 550 instructions
-# instead of 565 and runs 5-9% slower at 16k and on `long`: that load comes back after $S$ does
-# (`benchmarks/results/2026-12-03_h200_step10_fp8_plain_descales.txt`).
+# instead of 565 and runs 5-9% slower at 16k and on `long`, most likely because that load comes back
+# after $S$ does (`benchmarks/results/2026-12-03_h200_step10_fp8_plain_descales.txt`).
 #
 # ## 8. On a GPU: FlexAttention with a sliding window
 #
