@@ -318,10 +318,8 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
         j = start_n // BLOCK_N
         k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
         vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)
-        # scale * dq[i] * dk[j] * log2(e). tl.load lets the pipeliner copy dk ahead through shared memory; a plain load
-        # in this step (PLAIN_DESCALES at commit 4e3c70f) arrives after the Q K^T dot: 5-9% slower at 16k and on `long`
-        # (benchmarks/results/2026-12-03_h200_step10_fp8_plain_descales.txt)
-        qk_scale = q_scale * tl.load(DK + kv_row + j)
+        # tl.load: the pipeliner copies dk a step ahead; a plain load ran 5-9% slower (2026-12-03_h200_step10_fp8_plain_descales.txt)
+        qk_scale = q_scale * tl.load(DK + kv_row + j)               # scale * dq[i] * dk[j] * log2(e)
         dv = tl.load(DV + kv_row + j)
         s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
         s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
