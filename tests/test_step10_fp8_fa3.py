@@ -8,7 +8,8 @@ One subprocess (TRITON_INTERPRET=1 before triton is imported) runs every check a
   move by one e4m3 step.
 * The kernel's logic exactly: the quantised values held in fp16, block scales that differ by up to
   1e4 between tiles (a descale read for the wrong tile is far off), causal, GQA, Sq != Skv, rows that
-  see no key, and one query scale per two query tiles (the kind's quantize_fp8 path).
+  see no key, and one query scale per two query tiles (the kind's quantize_fp8 path); V^T in operand
+  order and the descale records against V^T in key order and separate descales.
 * The kind's checker, facourse.fp8.check_fp8, on every case facourse/kinds/fp8.py lists (CPU sizes,
   fp16), through the fused quantisers and the kernel.
 * The rotation cuts the RMSE of O on FlashAttention-3's outlier inputs (N(0,1) + N(0,100) on 0.1 % of
@@ -76,13 +77,49 @@ SCRIPT = """
                 attempt(quantiser, kind="quantiser", case=f"{dtype}_d{D}_{'rotated' if rotate else 'plain'}")
 
     def quantiser_v():
+        # in key order: the reference transposed; in operand order (the kernel's default): transpose_v's
+        # layout, 160 columns (whole groups of 32), which moves keys within each group and zero-fills the last
         v = torch.randn(2, 3, 150, 64, generator=gen).half()
         v[0, 0, 70] *= 30
-        vt, dv = v7.quantize_v_transposed(v, 64)
         r8, rd = ref_rows(v, 64, False)
+        vt, dv = v7.quantize_v_transposed(v, 64, operand_order=False)
         assert vt.shape == (2, 3, 64, 150) and vt.stride(-1) == 1 and vt.stride(-2) % 16 == 0
         assert torch.equal(vt.view(torch.uint8), r8.transpose(-1, -2).view(torch.uint8)) and torch.equal(dv, rd)
+        assert v7.OPERAND_ORDER
+        vo, dvo = v7.quantize_v_transposed(v, 64)
+        want = v7.transpose_v(r8)
+        assert vo.shape == want.shape == (2, 3, 64, 160) and torch.equal(dvo, rd)
+        assert torch.equal(vo.view(torch.uint8), want.view(torch.uint8))
+        assert not torch.equal(vo[..., :150].view(torch.uint8), vt.view(torch.uint8)), "no key moved"
+        assert torch.equal(vo.view(torch.uint8).sort(-1).values[..., 10:],
+                           vt.view(torch.uint8).sort(-1).values), "operand order is not a permutation of the keys"
     attempt(quantiser_v, kind="quantiser", case="v_transposed")
+
+    def operand_order():
+        # the kernel with V^T in operand order (P's registers unshuffled) and its descales as records
+        # (PAIRED_DESCALES) against V^T in key order and separate descales: the same O and lse up to
+        # the dots' summation order, on ragged lengths, causal, GQA and rows that see no key
+        g = torch.Generator().manual_seed(7)
+        worst = 0.0
+        for causal, (Hq, Sq, Skv) in ((True, (4, 200, 140)), (False, (2, 70, 290))):
+            q = torch.randn(1, Hq, Sq, 64, generator=g).half()
+            k, v = (torch.randn(1, 2, Skv, 64, generator=g).half() for _ in range(2))
+            v[:, :, 100:130] *= 20
+            qo, dqo, ko, dko, vo, dvo = v7.quantize_qkv(q, k, v)
+            assert dko.stride(-1) == 4 and dvo.data_ptr() == dko.data_ptr() + 4, "dk and dv not in one record"
+            qk, dqk, kk, dkk, vk, dvk = v7.quantize_qkv(q, k, v, operand_order=False, paired=False)
+            assert torch.equal(dko, dkk) and torch.equal(dvo, dvk) and dkk.is_contiguous()
+            o0, l0 = v7.run_kernel(qk, kk, vk, dqk, dkk, dvk, causal, None, torch.float16, operand_order=False)
+            o1, l1 = v7.run_kernel(qo, ko, vo, dqo, dko, dvo, causal, None, torch.float16)
+            o2, l2 = v7.run_kernel(qo, ko, vo, dqo, dko.contiguous(), dvo.contiguous(), causal, None, torch.float16)
+            empty = torch.isneginf(l0)
+            assert empty.any() == causal and torch.equal(torch.isneginf(l1), empty) and bool((o1[empty] == 0).all())
+            assert torch.equal(o1, o2) and torch.equal(l1, l2), "records built from dk and dv read otherwise"
+            assert (l1 - l0)[~empty].abs().max() < 1e-4
+            worst = max(worst, float((o1.double() - o0.double()).abs().max() / o0.double().abs().max()))
+        assert worst < 1e-3, f"operand order moved O by {worst:.2e}"
+        return {"max_err": worst}
+    attempt(operand_order, kind="logic", case="operand_order")
 
     def switches():
         # quantize_qkv's single launch (ONE_LAUNCH), and its three launches with two row tiles a program
@@ -142,15 +179,16 @@ SCRIPT = """
                     if force:      # the kind's path: quantize_fp8 on each tensor, one q scale per key tile
                         (q8, dq), (k8, dk), (v8, dv) = (v7.quantize_fp8(t, rotate=rotate and t is not v)
                                                         for t in (q, k, v))
-                        v8t = v8.transpose(-1, -2).contiguous()
+                        v8t = v7.transpose_v(v8)
                         assert dq.shape[-1] == -(-Sq // BLOCK_N) != -(-Sq // BLOCK_M)
                     else:
                         q8, dq = v7.quantize_rows(q, BLOCK_M, rotate)
                         k8, dk = v7.quantize_rows(k, BLOCK_N, rotate)
                         v8t, dv = v7.quantize_v_transposed(v, BLOCK_N)
+                        v8 = v7.quantize_v_transposed(v, BLOCK_N, operand_order=False)[0].transpose(-1, -2)
                     q_d = dequantised(q8, dq, dq_block(Sq, dq))
                     k_d = dequantised(k8, dk, BLOCK_N)
-                    v_d = dequantised(v8t.transpose(-1, -2), dv, BLOCK_N)
+                    v_d = dequantised(v8, dv, BLOCK_N)
                     o_ref, lse_ref = V.variant_reference(q_d, k_d, v_d, V.causal(Sq, Skv) if causal else None)
                     # the quantised values held in fp16 (exact): everything but P's rounding to e4m3
                     o, lse = v7.run_kernel(q8.half(), k8.half(), v8t.half(), dq, dk, dv, causal, None, torch.float16)
@@ -212,18 +250,15 @@ SCRIPT = """
 
     def lazy_rescale():
         # LAZY_RESCALE: on the quantised values held in fp16 (no e4m3 rounding of P) the same O and lse as
-        # without it, with a block of V twenty times larger (its descale the head's largest), ragged
-        # lengths and rows that see no key
+        # without it, with a block of V twenty times larger (its descale the head's largest, read from the
+        # descale records), ragged lengths and rows that see no key
         g = torch.Generator().manual_seed(6)
-        BLOCK_M, BLOCK_N = v7.tiles()[:2]
         worst = 0.0
         for causal, (Sq, Skv) in ((True, (200, 140)), (False, (130, 257))):
             q = torch.randn(1, 2, Sq, 64, generator=g).half()
             k, v = (torch.randn(1, 2, Skv, 64, generator=g).half() for _ in range(2))
             v[:, :, 70:90] *= 20
-            q8, dq = v7.quantize_rows(q, BLOCK_M, True)
-            k8, dk = v7.quantize_rows(k, BLOCK_N, True)
-            v8t, dv = v7.quantize_v_transposed(v, BLOCK_N)
+            q8, dq, k8, dk, v8t, dv = v7.quantize_qkv(q, k, v)          # dk and dv in descale records
             outs = {}
             try:
                 for lazy in (False, True):
@@ -265,6 +300,10 @@ def test_quantiser_matches_pytorch(results, case):
                                                           "full_130x150") for how in ("plain", "rotated")])
 def test_kernel_per_block_descales(results, case):
     one_result(results, kind="logic", case=case)
+
+
+def test_kernel_reads_v_in_operand_order_and_descale_records(results):
+    one_result(results, kind="logic", case="operand_order")
 
 
 @pytest.mark.parametrize("case", ["small", "medium", "large", "noncausal", "asymmetric", "ragged",
@@ -314,16 +353,16 @@ BM, BN, D = v7.TILES[0], v7.TILES[1], 128
 compile90(v7.quant_rows, {"X": "*fp16", "X8": "*fp8e4nv", "DESCALE": "*fp32", "R": "*fp16", "inv_sqrt_d": "fp32"},
           {"ROTATE": True, "EXACT": False, "D": D, "BLOCK": BN, "TILES": 2})
 compile90(v7.quant_v, {"V": "*bf16", "VT8": "*fp8e4nv", "DESCALE": "*fp32"},
-          {"EXACT": False, "D": D, "BLOCK_N": BN, "TILES": 2})
+          {"EXACT": False, "D": D, "BLOCK_N": BN, "TILES": 2, "DSTRIDE": 4, "ORDER": True})
 compile90(v7.quant_qkv, {**{n: "*fp16" for n in ("Q", "K", "V", "R")}, **{n: "*fp8e4nv" for n in ("Q8", "K8", "VT8")},
                          **{n: "*fp32" for n in ("DQ", "DK", "DV")}, "inv_sqrt_d": "fp32"},
-          {"EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN})
+          {"EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN, "DSTRIDE": 4, "ORDER": True})
 desc = lambda dt, r, c: f"tensordesc<{dt}[1, 1, {r}, {c}]>"
 compile90(v7.fp8_block_fwd, {"Q": desc("fp8e4nv", BM, D), "K": desc("fp8e4nv", BN, D), "VT": desc("fp8e4nv", D, BN),
                              "O": desc("fp16", BM, D), "LSE": "*fp32", "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32",
                              "scale": "fp32"},
           {"CAUSAL": True, "GROUP": 4, "Q_PER": 2, "EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN,
-           "FMA_EXP2": 4})
+           "FMA_EXP2": 4, "LAZY": False, "PAIRED": v7.PAIRED_DESCALES, "ORDER": v7.OPERAND_ORDER})
 print("compiled")
 """
 

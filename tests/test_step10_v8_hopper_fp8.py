@@ -54,13 +54,14 @@ def _inputs(B, Hq, Hkv, Sq, Skv, D, dtype):
 
 
 def test_routing_sends_what_the_kernel_cannot_do_to_v7(v8, monkeypatch):
-    """CPU tensors, D 64 and an fp32 output go to v7's run_kernel with the same arguments."""
+    """CPU tensors, D 64 and an fp32 output go to v7's run_kernel with the same arguments, V^T's keys in order."""
     calls = []
-    monkeypatch.setattr(v8.v7, "run_kernel", lambda *a: calls.append(a) or "v7")
+    monkeypatch.setattr(v8.v7, "run_kernel", lambda *a, **kw: calls.append((a, kw)) or "v7")
     q8 = torch.zeros(1, 2, 8, 128, dtype=torch.float8_e4m3fn)
     args = (q8, q8, q8.transpose(-1, -2), torch.ones(1, 2, 1), torch.ones(1, 2, 1), torch.ones(1, 2, 1), True, None)
     assert not v8.runs_on_cuda_kernel(q8)
-    assert v8.run_kernel(*args, torch.float16) == "v7" and calls[-1][:6] == args[:6]
+    assert v8.run_kernel(*args, torch.float16) == "v7" and calls[-1][0][:6] == args[:6]
+    assert calls[-1][1] == {"operand_order": False}
     q64 = torch.zeros(1, 2, 8, 64, dtype=torch.float8_e4m3fn)
     assert not v8.runs_on_cuda_kernel(q64)
     assert v8.run_kernel(q64, q64, q64.transpose(-1, -2), *args[3:], torch.float32) == "v7"
@@ -94,11 +95,11 @@ def test_gpu_cuda_kernel_agrees_with_v7(v8, monkeypatch, out_dtype):
     for B, Hq, Hkv, Sq, Skv, causal in SHAPES:
         q, k, v = (t.cuda() for t in _inputs(B, Hq, Hkv, Sq, Skv, 128, out_dtype))
         for per_128 in (False, True):        # the end-to-end path (rotated, q per 64 rows), or quantize_fp8 (per 128)
-            q8, dq, k8, dk, v8t, dv = v8.v7.quantize_qkv(q, k, v)
+            q8, dq, k8, dk, v8t, dv = v8.v7.quantize_qkv(q, k, v, operand_order=False, paired=False)
             if per_128:                      # q and k alike: both unrotated
                 (q8, dq), (k8, dk) = v8.quantize_fp8(q), v8.quantize_fp8(k)
             ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), causal)
-            want, want_lse = v7_run(q8, k8, v8t, dq, dk, dv, causal, None, out_dtype)
+            want, want_lse = v7_run(q8, k8, v8t, dq, dk, dv, causal, None, out_dtype, operand_order=False)
             for _ in range(2):
                 o, lse = v8.flash_attention_fp8_prequantized(q8, k8, v8t, dq, dk, dv, causal=causal, out_dtype=out_dtype)
                 tag = f"B{B} H{Hq}/{Hkv} {Sq}x{Skv} causal={causal} per_128={per_128} {out_dtype}"

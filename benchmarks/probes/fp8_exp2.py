@@ -1,8 +1,9 @@
 """A/B on the GPU: v7_fp8_fa3 as committed and with its module switches set as each argument says (NAME=VALUE,
 a variant each; a bare NAME means NAME=1; default EXP2_FMA, P's exp2 on the FMA pipes instead of the MUFU unit, and
 EXP2_FMA=8 puts only the last eighth of each tile's columns there; LAZY_RESCALE, the conditional rescale; ROWSUM_MMA
-at commit 7df4a72, P's row sums on the tensor cores; PLAIN_DESCALES at commit 4e3c70f, dk by a plain global load),
-checked on the FP8 kind's cases, then timed alternating in one process (course bench, do_bench, events).
+at commit 7df4a72, P's row sums on the tensor cores; PLAIN_DESCALES at commit 4e3c70f, dk by a plain global load;
+several switches joined by ":" make one variant), checked on the FP8 kind's cases, then timed alternating in one
+process (course bench, do_bench, events).
 
     PYTHONPATH=src:. python benchmarks/probes/fp8_exp2.py [NAME[=VALUE] ...]"""
 import json, os, sys
@@ -14,23 +15,25 @@ from facourse.fp8 import bench_fp8, check_fp8
 from facourse.kinds.fp8 import KIND
 import v7_fp8_fa3 as v7
 
-VARIANTS = [(a.split("=")[0], int(a.split("=")[1]) if "=" in a else 1) for a in sys.argv[1:] or ["EXP2_FMA"]]
-for name, _ in VARIANTS:
+VARIANTS = [[(a.split("=")[0], int(a.split("=")[1]) if "=" in a else 1) for a in arg.split(":")]
+            for arg in sys.argv[1:] or ["EXP2_FMA"]]
+NAMES = {name for variant in VARIANTS for name, _ in variant}
+for name in NAMES:
     assert isinstance(getattr(v7, name), (bool, int)), name
-SWITCH = "_".join(f"{n}{v}" for n, v in VARIANTS)
+SWITCH = "_".join(f"{n}{v}" for variant in VARIANTS for n, v in variant)
 out = {"gpu": torch.cuda.get_device_name(), "switch": SWITCH, "checks": {}, "rows": []}
 
 
 def use(variant):
-    """None: every switch as committed; else (name, value) set, the others as committed."""
-    for name, _ in VARIANTS:
+    """None: every switch as committed; else its (name, value) pairs set, the others as committed."""
+    for name in NAMES:
         setattr(v7, name, DEFAULTS[name])
-    if variant:
-        setattr(v7, variant[0], variant[1] if not isinstance(DEFAULTS[variant[0]], bool) else bool(variant[1]))
-    return f"{variant[0]}={variant[1]}" if variant else "committed"
+    for name, value in variant or ():
+        setattr(v7, name, value if not isinstance(DEFAULTS[name], bool) else bool(value))
+    return ":".join(f"{n}={v}" for n, v in variant) if variant else "committed"
 
 
-DEFAULTS = {name: getattr(v7, name) for name, _ in VARIANTS}
+DEFAULTS = {name: getattr(v7, name) for name in NAMES}
 for variant in [None, *VARIANTS]:
     label = use(variant)
     for dt in (torch.float16, torch.bfloat16):
@@ -44,12 +47,13 @@ for rnd in range(2):
     for variant in [None, *VARIANTS]:
         label = use(variant)
         for case in ("noncausal_16k", "long", "large"):
-            r = bench_fp8(v7.flash_attention_fp8_prequantized, v7.quantize_fp8, case, backend="CUDNN_ATTENTION")
+            r = bench_fp8(v7.flash_attention_fp8_prequantized, v7.quantize_fp8, case, backend="CUDNN_ATTENTION",
+                          transpose_v=v7.transpose_v)
             x = {m: t["r"] / t["s"] for m, t in bench.last_cross.items()}
             out["rows"].append({"round": rnd, "variant": label, "case": case, "mode": "e4m3", "tflops": r.tflops_student, "ratio": r.ratio, **x})
-            print(f"{rnd} {label:>14} {case:>14} e4m3 {r.tflops_student:5.0f} TFLOP/s  cuDNN {r.ratio:.3f}x  do_bench {x['do_bench']:.3f}x  events {x['events']:.3f}x", flush=True)
+            print(f"{rnd} {label:>30} {case:>14} e4m3 {r.tflops_student:5.0f} TFLOP/s  cuDNN {r.ratio:.3f}x  do_bench {x['do_bench']:.3f}x  events {x['events']:.3f}x", flush=True)
         r = bench_attention(v7.flash_attention_fp8, "long", backend="CUDNN_ATTENTION")
         x = {m: t["r"] / t["s"] for m, t in bench.last_cross.items()}
         out["rows"].append({"round": rnd, "variant": label, "case": "long", "mode": "e2e", "tflops": r.tflops_student, "ratio": r.ratio, **x})
-        print(f"{rnd} {label:>14} {'long':>14} e2e  {r.tflops_student:5.0f} TFLOP/s  cuDNN {r.ratio:.3f}x  do_bench {x['do_bench']:.3f}x  events {x['events']:.3f}x", flush=True)
+        print(f"{rnd} {label:>30} {'long':>14} e2e  {r.tflops_student:5.0f} TFLOP/s  cuDNN {r.ratio:.3f}x  do_bench {x['do_bench']:.3f}x  events {x['events']:.3f}x", flush=True)
 json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), f"probe_{SWITCH.lower()}.json"), "w"), indent=1)

@@ -21,10 +21,10 @@ from facourse.cuda_build import find_cuobjdump  # noqa: E402
 from facourse.triton_setup import compile_for  # noqa: E402
 from sass_loops import kernels, loops, opcode  # noqa: E402
 
-OPS = ("MUFU", "FADD", "FFMA", "FMUL", "FMNMX", "F2FP", "PRMT", "LOP3", "QGMMA", "STS", "BAR",
+OPS = ("MUFU", "FADD", "FFMA", "FMUL", "FMNMX", "F2FP", "PRMT", "SHFL", "SEL", "LOP3", "QGMMA", "STS", "BAR",
        "LDS", "LDGSTS", "LDG", "DEPBAR")
 # a module switch of v7 -> the kernel's constexpr it sets
-SWITCHES = {"EXP2_FMA": "FMA_EXP2", "LAZY_RESCALE": "LAZY"}
+SWITCHES = {"EXP2_FMA": "FMA_EXP2", "LAZY_RESCALE": "LAZY", "PAIRED_DESCALES": "PAIRED", "OPERAND_ORDER": "ORDER"}
 CUOBJDUMP = find_cuobjdump() or os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
 
 

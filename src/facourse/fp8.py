@@ -114,11 +114,12 @@ def check_fp8(fn, config: str = "large", *, seed: int | None = None, device=None
 
 
 def bench_fp8(fp8_prequantized, quantize, config: str = "long", *, backend: str = "FLASH_ATTENTION", rounds: int = 25,
-              warmup: int = 5, seed: int = 0):
+              warmup: int = 5, seed: int = 0, transpose_v=None):
     """Time an FP8 forward on inputs already in FP8, as a model hands them over (FlashAttention-3's FP8
-    path takes e4m3 inputs): ``quantize(x) -> (x8, descale)`` runs once, outside the timing, and
-    ``fp8_prequantized(q8, k8, v8t, dq, dk, dv, causal=)`` (v8t: V transposed, [B, H, D, S]) is timed
-    against SDPA's ``backend`` on the fp16 inputs, with the course's bench. Returns a BenchResult."""
+    path takes e4m3 inputs): ``quantize(x) -> (x8, descale)`` and ``transpose_v(v8)`` (the V^T layout the
+    kernel reads, [B, H, D, S]; default a plain transpose) run once, outside the timing, and
+    ``fp8_prequantized(q8, k8, v8t, dq, dk, dv, causal=)`` is timed against SDPA's ``backend`` on the fp16
+    inputs, with the course's bench. Returns a BenchResult."""
     import statistics
 
     from .bench import BenchResult, new_flush_buffer, sdpa_reference, time_calls
@@ -128,7 +129,7 @@ def bench_fp8(fp8_prequantized, quantize, config: str = "long", *, backend: str 
     cfg = get_config(config, "cuda")
     q, k, v = make_inputs(cfg, seed, "cuda", torch.float16)
     (q8, dq), (k8, dk), (v8, dv) = (quantize(t) for t in (q, k, v))
-    v8t = v8.transpose(-1, -2).contiguous()
+    v8t = transpose_v(v8) if transpose_v else v8.transpose(-1, -2).contiguous()
     ref, _ = sdpa_reference(backend)
     calls = {"s": lambda: fp8_prequantized(q8, k8, v8t, dq, dk, dv, causal=cfg.causal),
              "r": lambda: ref(q, k, v, causal=cfg.causal)}

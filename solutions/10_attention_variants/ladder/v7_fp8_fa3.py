@@ -29,16 +29,27 @@ still accumulates in place in the tensor cores' fp32 accumulator, and O takes th
 end. This equals sum_j dv[j] P_j V8_j / l. P goes to e4m3 times 256 (P_LOG2: the exp2 subtracts m - 8,
 no extra multiply); l sums the same scaled P, so O = acc / l is unchanged and lse takes the 8 back.
 
+V^T in operand order. In e4m3 the S accumulator gives lane t of a quad columns 2t, 2t + 1 of every 8,
+and the P V dot's A operand wants k = 4t..4t + 3 of every 16: Triton moves P between the quad's lanes
+(SHFL, SEL and PRMT in the loop's chain). P V sums over keys in any order if V's rows follow, so
+quant_v stores each group of 32 keys of V^T in the order the lanes already hold P (operand_ordered, the
+same permutation on P in the kernel costs nothing), and the shuffles go. The descales come the same
+way: one 16-byte record a key tile, (dk, dv, 1 / dv), one vector copy through Triton's pipeliner.
+Together: 503 instructions a warp for a 128-key tile against 565, and 9-18% faster on an H200
+(benchmarks/results/2026-12-04_h200_step10_fp8_operand_order.txt). V^T in key order remains for v8's
+CUDA kernel (``operand_order=False``).
+
 In Triton's interpreter (no GPU), the cast fp32 -> e4m3 is NumPy bit surgery that rounds ties away
 from zero and loses the carry when rounding up crosses into an odd binade (1.96 * 2 becomes 2, not
 4); with EXACT_ROUND the kernels first round to e4m3's grid in fp32 (round to nearest even, as the
 GPU's cvt.rn does) so the cast is exact, and the dots run on fp32 copies of their operands (exact for
 e4m3 and +-1 values; NumPy multiplies fp16 without BLAS). On a GPU EXACT_ROUND is off.
 
-The kind's runner (facourse.fp8.bench_fp8) calls quantize_fp8 on q, k and v alike and transposes v
-itself: quantize_fp8 gives one scale per BLOCK_N rows (a whole number of query tiles, so run_kernel
-reads one q scale per Q_PER query tiles) and rotates nothing unless asked; the timing is the same
-kernel. flash_attention_fp8 runs quantize_qkv (rotation, BLOCK_M-row blocks of Q, V transposed).
+The kind's runner (facourse.fp8.bench_fp8) calls quantize_fp8 on q, k and v alike and transpose_v on
+v8, outside the timing: quantize_fp8 gives one scale per BLOCK_N rows (a whole number of query tiles,
+so run_kernel reads one q scale per Q_PER query tiles) and rotates nothing unless asked; the timing is
+the same kernel (the descale records built from dk and dv inside it). flash_attention_fp8 runs
+quantize_qkv (rotation, BLOCK_M-row blocks of Q, V transposed in operand order, the records).
 
 The error, measured on a CPU with this kernel in the interpreter (``error_study``; the record is
 benchmarks/results/2026-11-27_cpu_step10_fp8_error.txt, made by running this file): on FA3's
@@ -100,6 +111,11 @@ ONE_LAUNCH = False
 # warps, and end to end the difference is within noise (2026-12-03_h200_step10_fp8_quantisers.txt).
 QUANT_TILES = 1
 QUANT_WARPS = 4
+# PAIRED_DESCALES: each key tile's descales as one record (dk, dv, 1 / dv) that the K and V quantisers write, one
+# 16-byte load a tile and the ratio dv_prev / dv[j] a multiply. OPERAND_ORDER: V^T's keys as operand_ordered puts them.
+# Both on: 9-18% faster on an H200 (2026-12-04_h200_step10_fp8_operand_order.txt, with each alone and their SASS).
+PAIRED_DESCALES = True
+OPERAND_ORDER = True
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
 P_LOG2 = tl.constexpr(8.0)
@@ -208,6 +224,14 @@ def exp2_part(x, PART: tl.constexpr):
 
 
 @triton.jit
+def operand_ordered(x, R: tl.constexpr, N: tl.constexpr):
+    """x [R, N] with each group of 32 columns c = 16 a1 + 8 a0 + 2 t + b moved to 16 a1 + 4 t + 2 a0 + b: a lane t of
+    a quad holds columns 2t, 2t + 1 of every 8 in the fp32 accumulator and k = 4t..4t + 3 of every 16 in the e4m3 A
+    operand, so P in this order is the operand in the registers it already has."""
+    return x.reshape(R, N // 32, 2, 2, 4, 2).permute(0, 1, 2, 4, 3, 5).reshape(R, N)
+
+
+@triton.jit
 def dot(a, b, acc, EXACT: tl.constexpr):
     """tl.dot(a, b, acc); in the interpreter on fp32 copies (exact for e4m3 and +-1 operands): NumPy
     multiplies fp16 (and fp8, which it widens to fp16) without BLAS, some 50x slower."""
@@ -228,7 +252,8 @@ def rotation(R, D: tl.constexpr, ROTATE: tl.constexpr):
 
 @triton.jit
 def rows_tile(X, X8, DESCALE, r, pid, bh, S, H, sxb, sxh, sxs, inv_sqrt_d,
-              ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+              ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+              DSTRIDE: tl.constexpr = 1):
     """Tile pid of BLOCK rows of (batch x head) bh of X [B, H, S, D] (strides sxb, sxh, sxs, 1):
     rotated by r / sqrt(D) (r = diag(signs) H_D, [D, D] in X's dtype, from rotation) when ROTATE,
     stored e4m3 into X8 [B, H, S, D] (contiguous) with its descale into DESCALE [B, H, cdiv(S, BLOCK)];
@@ -244,12 +269,12 @@ def rows_tile(X, X8, DESCALE, r, pid, bh, S, H, sxb, sxh, sxs, inv_sqrt_d,
     amax = tl.max(tl.max(tl.abs(x), 1), 0)
     descale = tl.where(amax > 0, amax / 448.0, 1.0)                 # an all-zero tile keeps 1
     tl.store(X8 + bh.to(tl.int64) * S * D + rows * D + cols, to_e4m3(x / descale, EXACT), mask=rows < S)
-    tl.store(DESCALE + bh * tl.cdiv(S, BLOCK) + pid, descale, mask=pid < tl.cdiv(S, BLOCK))
+    tl.store(DESCALE + (bh * tl.cdiv(S, BLOCK) + pid) * DSTRIDE, descale, mask=pid < tl.cdiv(S, BLOCK))
 
 
 @triton.jit
 def v_tile(V, VT8, DESCALE, pid, bh, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
-           BLOCK_N: tl.constexpr):
+           BLOCK_N: tl.constexpr, DSTRIDE: tl.constexpr = 1, ORDER: tl.constexpr = False):
     """Tile pid of BLOCK_N keys of (batch x head) bh of V [B, H, S, D] (strides svb, svh, svs, 1),
     stored e4m3 transposed into VT8 [B, H, D, S_PAD] (keys contiguous), its descale into DESCALE
     [B, H, cdiv(S, BLOCK_N)]; a tile past S stores nothing."""
@@ -261,34 +286,43 @@ def v_tile(V, VT8, DESCALE, pid, bh, S, H, svb, svh, svs, S_PAD, EXACT: tl.const
     descale = tl.where(amax > 0, amax / 448.0, 1.0)
     v8t = to_e4m3(tl.trans(v / descale), EXACT)                     # [D, BLOCK_N]
     keys_t = pid * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tl.store(VT8 + bh.to(tl.int64) * D * S_PAD + tl.arange(0, D)[:, None] * S_PAD + keys_t, v8t, mask=keys_t < S)
-    tl.store(DESCALE + bh * tl.cdiv(S, BLOCK_N) + pid, descale, mask=pid < tl.cdiv(S, BLOCK_N))
+    if ORDER:                                                       # whole groups of 32, zeros past S
+        v8t = operand_ordered(v8t, D, BLOCK_N)
+        stored = keys_t < tl.cdiv(S, 32) * 32
+    else:
+        stored = keys_t < S
+    tl.store(VT8 + bh.to(tl.int64) * D * S_PAD + tl.arange(0, D)[:, None] * S_PAD + keys_t, v8t, mask=stored)
+    at = (bh * tl.cdiv(S, BLOCK_N) + pid) * DSTRIDE
+    tl.store(DESCALE + at, descale, mask=pid < tl.cdiv(S, BLOCK_N))
+    if DSTRIDE == 4:                                                # the paired record's 1 / dv
+        tl.store(DESCALE + at + 1, 1.0 / descale, mask=pid < tl.cdiv(S, BLOCK_N))
 
 
 @triton.jit
 def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
                ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-               TILES: tl.constexpr):
+               TILES: tl.constexpr, DSTRIDE: tl.constexpr = 1):
     """Q or K alone: grid (cdiv(S, TILES * BLOCK), B * H), TILES consecutive rows_tile each, R read once."""
     r = rotation(R, D, ROTATE)
     for g in tl.static_range(TILES):
         rows_tile(X, X8, DESCALE, r, tl.program_id(0) * TILES + g, tl.program_id(1), S, H, sxb, sxh, sxs,
-                  inv_sqrt_d, ROTATE, EXACT, D, BLOCK)
+                  inv_sqrt_d, ROTATE, EXACT, D, BLOCK, DSTRIDE)
 
 
 @triton.jit
 def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
-            BLOCK_N: tl.constexpr, TILES: tl.constexpr):
+            BLOCK_N: tl.constexpr, TILES: tl.constexpr, DSTRIDE: tl.constexpr = 1, ORDER: tl.constexpr = False):
     """V alone: grid (cdiv(S, TILES * BLOCK_N), B * H), TILES consecutive v_tile each."""
     for g in tl.static_range(TILES):
         v_tile(V, VT8, DESCALE, tl.program_id(0) * TILES + g, tl.program_id(1), S, H, svb, svh, svs, S_PAD, EXACT,
-               D, BLOCK_N)
+               D, BLOCK_N, DSTRIDE, ORDER)
 
 
 @triton.jit
 def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
               sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, S_PAD, inv_sqrt_d,
-              EXACT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              EXACT: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              DSTRIDE: tl.constexpr, ORDER: tl.constexpr):
     """Q, K and V in one launch (quantize_qkv with ONE_LAUNCH, off: see there): a 1-D grid whose first
     NQ = B Hq cdiv(Sq, BLOCK_M) programs take Q's tiles (rotated), the next NKV = B Hkv cdiv(Skv,
     BLOCK_N) K's (rotated), the last NKV V's (transposed)."""
@@ -302,16 +336,17 @@ def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
         p = pid - NQ
         if p < NKV:
             rows_tile(K, K8, DK, rotation(R, D, True), p % nt, p // nt, Skv, Hkv, skb, skh, sks, inv_sqrt_d, True,
-                      EXACT, D, BLOCK_N)
+                      EXACT, D, BLOCK_N, DSTRIDE)
         else:
             p -= NKV
-            v_tile(V, VT8, DV, p % nt, p // nt, Skv, Hkv, svb, svh, svs, S_PAD, EXACT, D, BLOCK_N)
+            v_tile(V, VT8, DV, p % nt, p // nt, Skv, Hkv, svb, svh, svs, S_PAD, EXACT, D, BLOCK_N, DSTRIDE, ORDER)
 
 
 @triton.jit
 def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr,
+                PAIRED: tl.constexpr, ORDER: tl.constexpr):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
     head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max)."""
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -319,8 +354,16 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
         k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
         vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)
         # tl.load: the pipeliner copies dk a step ahead; a plain load ran 5-9% slower (2026-12-03_h200_step10_fp8_plain_descales.txt)
-        qk_scale = q_scale * tl.load(DK + kv_row + j)               # scale * dq[i] * dk[j] * log2(e)
-        dv = tl.load(DV + kv_row + j)
+        if PAIRED:                                                  # (dk, dv, 1 / dv, unused), one load
+            dk_inv, dv_pad = tl.split(tl.load(DK + (kv_row + j) * 4 + tl.arange(0, 4)).reshape(2, 2))
+            dk, inv_dv = tl.split(dk_inv)
+            dv, _ = tl.split(dv_pad)
+            ratio = dv_prev * inv_dv
+        else:
+            dk = tl.load(DK + kv_row + j)
+            dv = tl.load(DV + kv_row + j)
+            ratio = dv_prev / dv
+        qk_scale = q_scale * dk                                     # scale * dq[i] * dk[j] * log2(e)
         s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
         s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
         if LAZY:   # keep a row's max unless it grew by more than LAZY_TAU; P V_j's dv / dv_max rides the exp2
@@ -339,12 +382,14 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
             p = to_e4m3(p, EXACT)
         else:
             p = p.to(vT.dtype)                                      # the tests' quantised values held in fp16
+        if ORDER:                                                   # V^T's keys in operand_ordered's order
+            p = operand_ordered(p, BLOCK_M, BLOCK_N)
         if LAZY:
             if tl.min(alpha, 0) < 1.0:                              # some row's max moved: rescale this tile only
                 acc = acc * alpha[:, None]
             acc = dot(p, vT.T, acc, EXACT)
         else:
-            acc = dot(p, vT.T, acc * (alpha * (dv_prev / dv))[:, None], EXACT)
+            acc = dot(p, vT.T, acc * (alpha * ratio)[:, None], EXACT)
             dv_prev = dv
         m_i = m_new
     return acc, m_i, l_i, dv_prev
@@ -354,7 +399,7 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
 def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
-                  LAZY: tl.constexpr):
+                  LAZY: tl.constexpr, PAIRED: tl.constexpr = False, ORDER: tl.constexpr = False):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -368,17 +413,20 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    dv_prev = tl.load(DV + kv_row)                                  # the first tile's: its ratio is 1
+    dv_prev = tl.load(DK + kv_row * 4 + 1) if PAIRED else tl.load(DV + kv_row)   # the first tile's: ratio 1
     if LAZY:                                                        # the head's largest: every ratio <= 1
         for t in tl.range(0, NK, 128):
             jj = t + tl.arange(0, 128)
-            dv_prev = tl.maximum(dv_prev, tl.max(tl.load(DV + kv_row + jj, mask=jj < NK, other=0.0), 0))
+            at = DK + (kv_row + jj) * 4 + 1 if PAIRED else DV + kv_row + jj
+            dv_prev = tl.maximum(dv_prev, tl.max(tl.load(at, mask=jj < NK, other=0.0), 0))
     off = Skv - Sq
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
-                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
+                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
+                                         PAIRED, ORDER)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
-                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY)
+                                         Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
+                                         PAIRED, ORDER)
 
     o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
     o = o * dv_prev                                                 # acc was in units of the last dv (LAZY: dv_max)
@@ -398,41 +446,65 @@ def rows_out(x, block):
             torch.empty((B, H, triton.cdiv(S, block)), device=x.device, dtype=torch.float32))
 
 
-def v_out(v, block):
-    """(v8t, descale, s_pad) as v_tile writes them for v [B, H, S, D]: e4m3 V^T [B, H, D, S], its rows
-    padded to s_pad (16 bytes) underneath so that TMA reads it in place, and fp32 [B, H, cdiv(S, block)]."""
+def v_out(v, block, order):
+    """(v8t, descale, s_pad) as v_tile writes them for v [B, H, S, D]: e4m3 V^T, fp32 descales [B, H,
+    cdiv(S, block)]. In key order V^T is [B, H, D, S], its rows padded to s_pad (16 bytes) underneath so
+    that TMA reads it in place; in operand order [B, H, D, vt_keys(S)], whole groups of 32 keys."""
     B, H, S, D = v.shape
-    s_pad = -(-S // 16) * 16
-    return (torch.empty((B, H, D, s_pad), device=v.device, dtype=torch.float8_e4m3fn)[..., :S],
+    s_pad = vt_keys(S, True) if order else -(-S // 16) * 16
+    return (torch.empty((B, H, D, s_pad), device=v.device, dtype=torch.float8_e4m3fn)[..., :vt_keys(S, order)],
             torch.empty((B, H, triton.cdiv(S, block)), device=v.device, dtype=torch.float32), s_pad)
 
 
-def quantize_rows(x, block, rotate):
+def vt_keys(S, order):
+    """V^T's last dimension for S keys: S in key order, whole groups of 32 in operand order (the last group's
+    keys lie anywhere in it; the rest of it zeros)."""
+    return -(-S // 32) * 32 if order else S
+
+
+def quantize_rows(x, block, rotate, descale=None):
     """(x8, descale): x [B, H, S, D] (stride(-1) == 1) in e4m3 [B, H, S, D] with one scale per block
-    of rows, descale fp32 [B, H, cdiv(S, block)]; rotated by diag(signs) H_D / sqrt(D) when rotate.
-    One launch of quant_rows."""
+    of rows, descale fp32 [B, H, cdiv(S, block)] (or into the given one, its last stride 1 or 4);
+    rotated by diag(signs) H_D / sqrt(D) when rotate. One launch of quant_rows."""
     assert x.stride(-1) == 1
     B, H, S, D = x.shape
-    x8, descale = rows_out(x, block)
+    x8, own = rows_out(x, block)
+    descale = own if descale is None else descale
     if S and B * H:
         r = signed_hadamard(D, x.dtype, x.device)
         quant_rows[(triton.cdiv(S, QUANT_TILES * block), B * H)](
             x, x8, descale, r, S, H, x.stride(0), x.stride(1), x.stride(2), 1.0 / math.sqrt(D), bool(rotate),
-            EXACT_ROUND, D, block, QUANT_TILES, **quant_launch())
+            EXACT_ROUND, D, block, QUANT_TILES, descale.stride(-1), **quant_launch())
     return x8, descale
 
 
-def quantize_v_transposed(v, block):
-    """(v8t, descale): v [B, H, S, D] as e4m3 V^T [B, H, D, S] (keys contiguous) with one scale per
-    block keys, descale fp32 [B, H, cdiv(S, block)]. One launch of quant_v."""
+def quantize_v_transposed(v, block, descale=None, operand_order=None):
+    """(v8t, descale): v [B, H, S, D] as e4m3 V^T (keys contiguous; see v_out) with one scale per block
+    keys, descale fp32 [B, H, cdiv(S, block)] (or into the given one: last stride 4 also writes 1 /
+    descale after each). Keys in operand order (operand_ordered) when operand_order (default
+    OPERAND_ORDER). One launch of quant_v."""
     assert v.stride(-1) == 1
+    order = OPERAND_ORDER if operand_order is None else operand_order
     B, H, S, D = v.shape
-    v8t, descale, s_pad = v_out(v, block)
+    v8t, own, s_pad = v_out(v, block, order)
+    descale = own if descale is None else descale
     if S and B * H:
         quant_v[(triton.cdiv(S, QUANT_TILES * block), B * H)](v, v8t, descale, S, H, v.stride(0), v.stride(1),
                                                               v.stride(2), s_pad, EXACT_ROUND, D, block, QUANT_TILES,
-                                                              **quant_launch())
+                                                              descale.stride(-1), order, **quant_launch())
     return v8t, descale
+
+
+def transpose_v(v8, operand_order=None):
+    """V^T as the kernel reads it (quantize_v_transposed's layout), from v8 [B, H, S, D]: keys contiguous, in
+    operand order (operand_ordered) when operand_order (default OPERAND_ORDER)."""
+    if not (OPERAND_ORDER if operand_order is None else operand_order):
+        return v8.transpose(-1, -2).contiguous()
+    B, H, S, D = v8.shape
+    n = vt_keys(S, True)
+    vt = torch.zeros((B, H, D, n), device=v8.device, dtype=v8.dtype)
+    vt[..., :S] = v8.transpose(-1, -2)
+    return vt.view(B, H, D, n // 32, 2, 2, 4, 2).permute(0, 1, 2, 3, 4, 6, 5, 7).reshape(B, H, D, n)
 
 
 def quantize_fp8(x, rotate=False):
@@ -443,35 +515,61 @@ def quantize_fp8(x, rotate=False):
     return quantize_rows(x, tiles()[1], rotate)
 
 
-def quantize_qkv(q, k, v):
+def quantize_qkv(q, k, v, operand_order=None, paired=None):
     """The end-to-end path's quantisation: q per BLOCK_M rows and k per BLOCK_N rows, both rotated; v
-    transposed per BLOCK_N keys. Three launches (quantize_rows twice, quantize_v_transposed), or one of
-    quant_qkv with ONE_LAUNCH, which writes the same bytes. Returns q8, dq, k8, dk, v8t, dv."""
+    transposed per BLOCK_N keys, in operand order when operand_order (default OPERAND_ORDER); dk and dv
+    written into descale_records when paired (default PAIRED_DESCALES), as views of them. Three launches
+    (quantize_rows twice, quantize_v_transposed), or one of quant_qkv with ONE_LAUNCH, which writes the
+    same bytes. Returns q8, dq, k8, dk, v8t, dv."""
     BLOCK_M, BLOCK_N = tiles()[:2]
+    order = OPERAND_ORDER if operand_order is None else operand_order
+    rec = descale_records(k) if (PAIRED_DESCALES if paired is None else paired) else None
     if not ONE_LAUNCH:
-        (q8, dq), (k8, dk) = quantize_rows(q, BLOCK_M, True), quantize_rows(k, BLOCK_N, True)
-        v8t, dv = quantize_v_transposed(v, BLOCK_N)
+        q8, dq = quantize_rows(q, BLOCK_M, True)
+        k8, dk = quantize_rows(k, BLOCK_N, True, None if rec is None else rec[..., 0])
+        v8t, dv = quantize_v_transposed(v, BLOCK_N, None if rec is None else rec[..., 1], order)
         return q8, dq, k8, dk, v8t, dv
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     (q8, dq), (k8, dk) = rows_out(q, BLOCK_M), rows_out(k, BLOCK_N)
-    v8t, dv, s_pad = v_out(v, BLOCK_N)
+    v8t, dv, s_pad = v_out(v, BLOCK_N, order)
+    if rec is not None:
+        dk, dv = rec[..., 0], rec[..., 1]
     nq, nkv = B * Hq * triton.cdiv(Sq, BLOCK_M), B * Hkv * triton.cdiv(Skv, BLOCK_N)
     if nq + nkv:
         quant_qkv[(nq + 2 * nkv,)](q, k, v, q8, k8, v8t, dq, dk, dv, signed_hadamard(D, q.dtype, q.device), Sq, Skv,
                                    Hq, Hkv, nq, nkv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], s_pad,
-                                   1.0 / math.sqrt(D), EXACT_ROUND, D, BLOCK_M, BLOCK_N)
+                                   1.0 / math.sqrt(D), EXACT_ROUND, D, BLOCK_M, BLOCK_N, dk.stride(-1), order)
     return q8, dq, k8, dk, v8t, dv
 
 
-def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype):
-    """The launch, with no device check. q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D], v8t [B, Hkv, D, Skv]
-    (stride(-1) == 1); descale_q [B, Hq, cdiv(Sq, n * BLOCK_M)] (one per n query tiles, n >= 1),
-    descale_k and descale_v [B, Hkv, cdiv(Skv, BLOCK_N)]. Returns (o, lse)."""
+def descale_records(k):
+    """The key tiles' descale records for k [B, H, S, D]: fp32 [B, H, cdiv(S, BLOCK_N), 4], (dk, dv, 1 / dv, unused)
+    a tile, one 16-byte load each in the kernel (PAIRED_DESCALES)."""
+    B, H, S, _ = k.shape
+    return torch.empty((B, H, triton.cdiv(S, tiles()[1]), 4), device=k.device, dtype=torch.float32)
+
+
+def records_of(dk, dv):
+    """The records fp8_block_fwd reads with PAIRED: their buffer where quantize_qkv wrote dk and dv into one, else
+    built from the two (the prequantised path)."""
+    if dk.stride(-1) == 4 and dv.stride(-1) == 4 and dv.data_ptr() == dk.data_ptr() + 4:
+        return dk
+    dv = dv.float()
+    return torch.stack((dk.float(), dv, 1.0 / dv, dv), -1)
+
+
+def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype, operand_order=None):
+    """The launch, with no device check. q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D], v8t [B, Hkv, D, vt_keys(Skv,
+    operand_order)] (stride(-1) == 1; keys in operand order when operand_order, default OPERAND_ORDER: from
+    quantize_v_transposed or transpose_v); descale_q [B, Hq, cdiv(Sq, n * BLOCK_M)] (one per n query tiles,
+    n >= 1), descale_k and descale_v [B, Hkv, cdiv(Skv, BLOCK_N)]. Returns (o, lse)."""
     B, Hq, Sq, D = q8.shape
     Hkv, Skv = k8.shape[1], k8.shape[2]
-    scale, o, lse = v5.outputs(q8, k8, v8t, scale, out_dtype)
+    order = OPERAND_ORDER if operand_order is None else operand_order
+    assert v8t.shape[-1] == vt_keys(Skv, order), f"v8t {tuple(v8t.shape)}: {vt_keys(Skv, order)} keys (order {order})"
+    scale, o, lse = v5.outputs(q8, k8, v8t[..., :Skv], scale, out_dtype)
     if Sq == 0 or Skv == 0:
         return o, lse
     BLOCK_M, BLOCK_N, num_warps, num_stages = tiles()
@@ -482,10 +580,13 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     assert descale_k.shape == descale_v.shape == (B, Hkv, nk), "descale_k, descale_v: one per key tile"
     descs = v5.descriptors(q8, k8, v8t, o, BLOCK_M, BLOCK_N)
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
-    descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
+    if PAIRED_DESCALES:
+        descales = (descale_q.float().contiguous(), records_of(descale_k, descale_v), descale_v)
+    else:
+        descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, **launch)
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, **launch)
     return o, lse
 
 
@@ -527,7 +628,7 @@ def quantized_by(q, k, v, how):
                                         for t in (q, k, v))
         nq, nk = triton.cdiv(q.shape[2], BLOCK_M), triton.cdiv(k.shape[2], BLOCK_N)
         return (q8, dq[..., None].expand(-1, -1, nq), k8, dk[..., None].expand(-1, -1, nk),
-                v8.transpose(-1, -2).contiguous(), dv[..., None].expand(-1, -1, nk))
+                transpose_v(v8), dv[..., None].expand(-1, -1, nk))
     if how == "per_block":
         (q8, dq), (k8, dk) = quantize_rows(q, BLOCK_M, False), quantize_rows(k, BLOCK_N, False)
         return (q8, dq, k8, dk, *quantize_v_transposed(v, BLOCK_N))
@@ -596,6 +697,8 @@ TILE_SWEEP = [(64, 128, 4, 3), (64, 128, 4, 2), (64, 64, 4, 3), (128, 128, 8, 3)
 #: measured on an H100 (2026-11-27, prequantised, noncausal_16k / long / large): (64, 128, 4, 3) 876 / 854 / 527
 #: TFLOP/s, (64, 128, 4, 4) 594 / 580 / 348, (64, 64, 4, 4) 727 / 705 / 532, (128, 128, 8, 2) 569 / 550 / 403,
 #: (128, 128, 8, 3) 657 / 636 / 444, (64, 256, 4, 2) 556 / 550 / 314, (128, 256, 8, 2) 725 / 687 / 421.
+#: Again on an H200 after V^T in operand order and the descale records (2026-12-04_h200_step10_fp8_tile_sweep.txt): the
+#: committed tiles 926-927 TFLOP/s at 16k non-causal, every other 800 or less.
 #: Triton 3.6's warp-specialised loop (tl.range(..., warp_specialize=True)) does not compile this kernel for
 #: sm_90 (its NVGPUWarpSpecialization pass fails; seen on a CPU with the compile test's set-up).
 
@@ -610,7 +713,8 @@ def tile_sweep(configs=("noncausal_16k", "long", "large"), backend="CUDNN_ATTENT
             FORCE_TILES = t
             for c in configs:
                 try:
-                    r = bench_fp8(flash_attention_fp8_prequantized, quantize_fp8, c, backend=backend)
+                    r = bench_fp8(flash_attention_fp8_prequantized, quantize_fp8, c, backend=backend,
+                                  transpose_v=transpose_v)
                     lines.append(f"{str(t):>20} {c:>14} {r.tflops_student:6.0f} TFLOP/s  ref {r.tflops_ref:4.0f}  "
                                  f"x{r.ratio:.2f}")
                 except Exception as e:  # noqa: BLE001 (a tile that does not fit shared memory: say so, go on)

@@ -1,7 +1,7 @@
 """v8: v7's FP8 quantisation feeding step 07's Hopper kernel in e4m3 (CUDA, sm_90a), for the speed Triton
 could not reach.
 
-v7's Triton kernel tops out near 870 TFLOP/s on inputs already in FP8 (its tile sweep, TILE_SWEEP); the
+When this rung was written, v7's Triton kernel topped out near 870 TFLOP/s on inputs already in FP8; the
 tensor cores' e4m3 peak is twice their fp16 one, and step 07's kernel runs fp16 at 588-605 TFLOP/s. This
 rung keeps v7's numbers (the same quantisers, descales and P times 2^8) and moves the kernel to step
 07's structure (v8_hopper_fp8.cu): TMA loads of Q, K and V^T, WGMMA for both products with P from
@@ -17,7 +17,8 @@ cycle. The Triton rungs, with two or three independent programs per SM, stay ahe
 
 Routing, call by call: the CUDA kernel on an sm_90 GPU for D 128; v7's Triton kernel for the rest (D 64,
 other GPUs); on a CPU the entry points raise (v7's check). ``quantize_fp8`` and the end-to-end quantisers
-are v7's: the kernel takes one q descale per 64 or per 128 rows, one k and v descale per 128 keys.
+are v7's, with V^T in key order and separate descales (v7's operand order and descale records are its
+Triton kernel's): the kernel takes one q descale per 64 or per 128 rows, one k and v descale per 128 keys.
 """
 import os
 import sys
@@ -51,10 +52,12 @@ def runs_on_cuda_kernel(q8) -> bool:
 
 
 def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype):
-    """v7.run_kernel's contract (q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D], v8t [B, Hkv, D, Skv], descale_q one
-    per 64 or 128 query rows, descale_k and descale_v one per 128 keys); the CUDA kernel where it runs."""
+    """v7.run_kernel's contract with V^T's keys in order (q8 [B, Hq, Sq, D], k8 [B, Hkv, Skv, D], v8t [B, Hkv, D,
+    Skv], descale_q one per 64 or 128 query rows, descale_k and descale_v one per 128 keys); the CUDA kernel where
+    it runs."""
     if not runs_on_cuda_kernel(q8) or out_dtype not in (torch.float16, torch.bfloat16):
-        return v7.run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype)
+        return v7.run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype,
+                             operand_order=False)
     scale = q8.shape[-1] ** -0.5 if scale is None else float(scale)
     q8, k8, v8t = (v5.padded_for_tma(t) for t in (q8, k8, v8t))
     return tuple(extension().forward(q8, k8, v8t, descale_q, descale_k, descale_v, bool(causal), scale,
@@ -73,5 +76,5 @@ def flash_attention_fp8(q, k, v, causal=True, scale=None):
     kernels (rotation, per-block scales, V transposed). Returns (o in q's dtype, lse fp32)."""
     v5.require_fp8_gpu(q, "v8_hopper_fp8")
     validate_triton_inputs(q, k, v, scale)
-    q8, dq, k8, dk, v8t, dv = v7.quantize_qkv(q, k, v)
+    q8, dq, k8, dk, v8t, dv = v7.quantize_qkv(q, k, v, operand_order=False, paired=False)
     return run_kernel(q8, k8, v8t, dq, dk, dv, causal, scale, q.dtype)

@@ -29,9 +29,9 @@ class FP8(Kind):
         from ..fp8 import bench_fp8
         if b.extra.get("mode") == "e2e":
             return row_of(bench_attention(fn, b.case, backend=b.backend))
-        mod = fn.__globals__               # the rung's module: its prequantised entry and its quantiser
+        mod = fn.__globals__               # the rung's module: its prequantised entry, its quantiser, its V^T
         return row_of(bench_fp8(mod["flash_attention_fp8_prequantized"], mod["quantize_fp8"], b.case,
-                                backend=b.backend))
+                                backend=b.backend, transpose_v=mod.get("transpose_v")))
 
 
 KIND = FP8()
