@@ -1000,8 +1000,35 @@ _ = results.show("10", results.fp8_table, missing="No GPU measurement of step 10
 # and on an H200 `v7` runs 17-18% faster at 16k non-causal and 9-10% on `long`, end to end too
 # (`benchmarks/results/2026-12-04_h200_step10_fp8_operand_order.txt`, which also times the new order
 # alone: 5-10% at 16k, under 1% on `long`). The same freedom exists in any kernel whose second product
-# sums over the dimension its first one produced.
-#
+# sums over the dimension its first one produced. The figure below follows one group of 32 keys.
+
+# %%
+# one row of P, one group of 32 keys: the lane of a quad that holds column c of S's accumulator (2t, 2t + 1 of
+# every 8), the lane the e4m3 operand of P V wants position k in (4t..4t + 3 of every 16), and the key that
+# v7's operand order stores at position k (operand_ordered on one group)
+cols = torch.arange(32)
+acc_lane, op_lane = (cols % 8) // 2, (cols % 16) // 4
+key_at = cols.reshape(2, 2, 4, 2).permute(0, 2, 1, 3).reshape(32)
+assert torch.equal(acc_lane[key_at], op_lane)          # every key already sits in the lane that needs it
+rows = {"the operand wants, at position k,\na value from lane": (op_lane, cols),
+        "keys in order: position k holds key k,\nheld by lane": (acc_lane, cols),
+        "operand order: position k holds key\nkey_at[k], held by lane": (acc_lane[key_at], key_at)}
+fig, ax = plt.subplots(figsize=(11, 2.4))
+ax.imshow(torch.stack([lane for lane, _ in rows.values()]), cmap=plt.get_cmap("Pastel1", 4), aspect="auto")
+for r, (lane, key) in enumerate(rows.values()):
+    for k in range(32):
+        moved = r > 0 and lane[k] != op_lane[k]
+        ax.text(k, r, f"{int(key[k])}" if r else f"{int(lane[k])}", ha="center", va="center", fontsize=8,
+                color="#c0392b" if moved else "black", fontweight="bold" if moved else "normal")
+ax.set_yticks(range(3), list(rows), fontsize=8.5)
+ax.set_xticks(range(0, 32, 4))
+ax.set_xlabel("position k in the group of 32 (colour: the lane of the quad; red: must come from another lane)")
+fig.tight_layout()
+plt.show()
+print(f"keys in order: {int((acc_lane != op_lane).sum())} of 32 values move between lanes; operand order: "
+      f"{int((acc_lane[key_at] != op_lane).sum())}")
+
+# %% [markdown]
 # ## 8. On a GPU: FlexAttention with a sliding window
 #
 # The cell times PyTorch's FlexAttention, compiled (`torch.compile(flex_attention)` generates a Triton
