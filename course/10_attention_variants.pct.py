@@ -1029,6 +1029,15 @@ print(f"keys in order: {int((acc_lane != op_lane).sum())} of 32 values move betw
       f"{int((acc_lane[key_at] != op_lane).sum())}")
 
 # %% [markdown]
+# Short sequences ask something else of the kernel. A causal row of 2048 keys is at most 16 key tiles long,
+# so loading $Q$, filling the pipeline and writing $O$ take a larger share of each program's time. At `v7`'s
+# tiles two programs fit on an SM (181 registers a thread, and 105 KiB of shared memory for three stages of
+# $K$ and $V^\top$). With two stages, and ptxas told to keep to 168 registers (it does, without spilling),
+# three fit, and one can compute while the others wait. On an H200 that is about 5% faster on `large`
+# (causal, 2048 keys) and 8% at causal 1024, but 2-5% slower from 4096 keys up, likely because there the
+# third stage of prefetch is worth more than the third program. So `v7` chooses by length
+# (`benchmarks/results/2026-12-04_h200_step10_fp8_three_programs.txt`).
+#
 # ## 8. On a GPU: FlexAttention with a sliding window
 #
 # The cell times PyTorch's FlexAttention, compiled (`torch.compile(flex_attention)` generates a Triton

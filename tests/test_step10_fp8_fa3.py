@@ -341,10 +341,11 @@ def test_rotation_cuts_the_error_on_outlier_inputs(results):
 
 
 COMPILE = """
-import os, sys
+import os, re, subprocess, sys, tempfile
 os.environ["TRITON_INTERPRET"] = "0"            # the GPU path: no e4m3 emulation, fp8 dots
 sys.path.insert(0, sys.argv[1])
 import v7_fp8_fa3 as v7
+import triton
 from facourse.triton_setup import compile_for
 
 compile90 = lambda fn, types, const: compile_for(fn, types, const, 90, num_warps=4, num_stages=3)
@@ -358,11 +359,28 @@ compile90(v7.quant_qkv, {**{n: "*fp16" for n in ("Q", "K", "V", "R")}, **{n: "*f
                          **{n: "*fp32" for n in ("DQ", "DK", "DV")}, "inv_sqrt_d": "fp32"},
           {"EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN, "DSTRIDE": 4, "ORDER": True})
 desc = lambda dt, r, c: f"tensordesc<{dt}[1, 1, {r}, {c}]>"
-compile90(v7.fp8_block_fwd, {"Q": desc("fp8e4nv", BM, D), "K": desc("fp8e4nv", BN, D), "VT": desc("fp8e4nv", D, BN),
-                             "O": desc("fp16", BM, D), "LSE": "*fp32", "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32",
-                             "scale": "fp32"},
-          {"CAUSAL": True, "GROUP": 4, "Q_PER": 2, "EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN,
-           "FMA_EXP2": 4, "LAZY": False, "PAIRED": v7.PAIRED_DESCALES, "ORDER": v7.OPERAND_ORDER})
+types = {"Q": desc("fp8e4nv", BM, D), "K": desc("fp8e4nv", BN, D), "VT": desc("fp8e4nv", D, BN),
+         "O": desc("fp16", BM, D), "LSE": "*fp32", "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32", "scale": "fp32"}
+const = {"CAUSAL": True, "GROUP": 4, "Q_PER": 2, "EXACT": False, "D": D, "BLOCK_M": BM, "BLOCK_N": BN, "FMA_EXP2": 0,
+         "LAZY": False, "PAIRED": v7.PAIRED_DESCALES, "ORDER": v7.OPERAND_ORDER}
+compile90(v7.fp8_block_fwd, types, {**const, "FMA_EXP2": 4})
+
+# the launch of short causal calls: three programs an SM only if ptxas keeps to the cap without spilling
+v7.INTERPRET = False                            # launch_tiles as on a GPU
+assert v7.launch_tiles(True, v7.SHORT_KEYS) == (*v7.SHORT_TILES, v7.SHORT_MAXNREG)
+assert v7.launch_tiles(True, v7.SHORT_KEYS + 1) == v7.launch_tiles(False, 1024) == (*v7.TILES, 0)
+v7.FORCE_TILES, v7.MAXNREG = (64, 64, 4, 3), 128
+assert v7.launch_tiles(True, 1024) == (64, 64, 4, 3, 128), "a sweep's tiles win"
+short = compile_for(v7.fp8_block_fwd, types, const, 90, num_warps=v7.SHORT_TILES[2], num_stages=v7.SHORT_TILES[3],
+                    maxnreg=v7.SHORT_MAXNREG)
+with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+    f.write(short.asm["cubin"])
+    f.flush()
+    usage = subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"),
+                            "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+regs = int(re.search(r"REG:([0-9]+)", usage).group(1))
+assert regs <= v7.SHORT_MAXNREG and "STACK:0 " in usage and "LOCAL:0 " in usage, usage   # a spill: STACK
+assert 3 * (short.metadata.shared + 1024) <= 228 * 1024, short.metadata.shared   # 1 KiB a block for the system
 print("compiled")
 """
 

@@ -56,7 +56,8 @@ benchmarks/results/2026-11-27_cpu_step10_fp8_error.txt, made by running this fil
 outlier inputs the rotation is what cuts the RMSE of O, per-block scales alone barely move it, as in
 FA3's Table 3 ablation; on N(0, 1) all four quantisations give the same RMSE.
 
-The tiles are v5's (TILES; ``tile_sweep`` tried the others on an H100, see TILE_SWEEP). On a GPU
+The tiles are v5's (TILES; ``tile_sweep`` tried the others on an H100, see TILE_SWEEP); causal calls of at most
+2048 keys take them with 2 stages and a register cap, three programs an SM instead of two (SHORT_TILES). On a GPU
 (benchmarks/results/2026-11-27_{h100,h200}_step10*.json) the end-to-end call runs 1.31-1.33x the fp16
 solution on `long`: the quantisers read each input once, where v5's PyTorch passes made its end-to-end
 call slower than fp16. Needs a GPU with FP8 tensor cores; on a CPU the entry points raise; ``run_end_to_end`` and ``run_kernel`` launch without
@@ -86,6 +87,15 @@ EXACT_ROUND = INTERPRET
 TILES = v5.TILES
 INTERPRET_TILES = v5.INTERPRET_TILES
 FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num_stages) for a sweep
+MAXNREG = 0                                  # with FORCE_TILES: ptxas's register cap (0: Triton's own)
+# Causal attention over at most SHORT_KEYS keys: TILES with 2 stages and at most SHORT_MAXNREG registers (none spilled),
+# three programs an SM where TILES fits two (181 registers causal, 105 KiB of shared memory); a row there is a few key
+# tiles long, and a third program likely hides more of each one's prologue and epilogue. On an H200 (the course's
+# bench): `large` about 5% faster, causal_1k 8%, causal_2k 1-2%; causal_4k 2% slower, causal_8k 5%, non-causal 0-5%
+# (2026-12-04_h200_step10_fp8_three_programs.txt). The same BLOCK_N: the same descales.
+SHORT_KEYS = 2048
+SHORT_TILES = (64, 128, 4, 2)
+SHORT_MAXNREG = 168
 # P's exp2 on the FMA pipes (exp2_fma) instead of the MUFU unit, for the last 1/EXP2_FMA of each tile's columns
 # (exp2_part; 0: none). All of them (1) passes every check and halves the speed (462 against 841 TFLOP/s at 16k
 # non-causal on an H100, benchmarks/results/2026-11-27_h100_step10_fp8_exp2_fma.txt). An eighth (8), FlashAttention-4's
@@ -125,6 +135,15 @@ SIGN_SEED = 20240711
 
 def tiles():
     return FORCE_TILES or (INTERPRET_TILES if INTERPRET else TILES)
+
+
+def launch_tiles(causal, Skv):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg) of one call (maxnreg 0: Triton's own): SHORT_TILES for
+    causal attention over at most SHORT_KEYS keys on a GPU, else tiles() (with MAXNREG when FORCE_TILES is set)."""
+    if causal and Skv <= SHORT_KEYS and not (FORCE_TILES or INTERPRET):
+        assert SHORT_TILES[:2] == TILES[:2], "the quantisers' blocks are TILES'"
+        return (*SHORT_TILES, SHORT_MAXNREG)
+    return (*tiles(), MAXNREG if FORCE_TILES else 0)
 
 
 # ----------------------------------------------------------------------------- the rotation
@@ -572,7 +591,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     scale, o, lse = v5.outputs(q8, k8, v8t[..., :Skv], scale, out_dtype)
     if Sq == 0 or Skv == 0:
         return o, lse
-    BLOCK_M, BLOCK_N, num_warps, num_stages = tiles()
+    BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg = launch_tiles(causal, Skv)
     nq, nk = descale_q.shape[-1], triton.cdiv(Skv, BLOCK_N)
     q_per = next((n for n in (1, max(1, BLOCK_N // BLOCK_M)) if triton.cdiv(Sq, n * BLOCK_M) == nq), None)
     assert q_per and descale_q.shape == (B, Hq, nq), \
@@ -580,6 +599,8 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     assert descale_k.shape == descale_v.shape == (B, Hkv, nk), "descale_k, descale_v: one per key tile"
     descs = v5.descriptors(q8, k8, v8t, o, BLOCK_M, BLOCK_N)
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg and not INTERPRET:
+        launch["maxnreg"] = maxnreg
     if PAIRED_DESCALES:
         descales = (descale_q.float().contiguous(), records_of(descale_k, descale_v), descale_v)
     else:
