@@ -78,7 +78,7 @@ sys.exit("missing: " + ", ".join(gone) if gone else 0)' \
 
 check() {  # no argument: this machine; NN: exercise NN's visible tests, run headless
   "$PY" - "$@" <<'EOF'
-import glob, os, sys, time
+import glob, os, sys, tempfile, time
 import torch
 
 args = sys.argv[1:]
@@ -152,10 +152,17 @@ for step in args:
     nb = nbformat.read(path, as_version=4)
     t0 = time.time()
     print(f"running {path} ...", flush=True)
-    # the kernel's own start-up warnings (plain-TCP transport on localhost) say nothing about the exercise
-    NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=True,
-                   extra_arguments=["--IPKernelApp.log_level=ERROR"],
-                   resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+    # the kernel's own start-up warnings (plain-TCP transport on localhost) say nothing about the exercise, nor
+    # does the traceback its shutdown can log (a ZMQ socket already closed): its stderr is shown only if it dies
+    with tempfile.TemporaryFile("w+") as kernel_err:
+        try:
+            NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=True,
+                           extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                           resources={"metadata": {"path": os.path.dirname(path)}}).execute(stderr=kernel_err)
+        except Exception:
+            kernel_err.seek(0)
+            sys.stderr.write(kernel_err.read())
+            raise
     failed = skips = 0
     for cell in nb.cells:
         if cell.cell_type != "code":

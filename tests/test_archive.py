@@ -122,6 +122,24 @@ def test_readme_commands_run_in_the_archive(student_archive, tmp_path):
             assert re.search(r"^\d+\.\d+", r.stdout.strip()), out
 
 
+def test_check_keeps_the_kernels_own_stderr_out(student_archive):
+    """What the Jupyter kernel writes to its stderr (ipykernel's shutdown can log a ZMQ traceback) is not the
+    exercise's: `course.sh check NN` reports the cells only."""
+    import nbformat
+    folder = student_archive / "exercises" / "99_kernel_noise"
+    folder.mkdir()
+    try:
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("import os\nos.write(2, b'Traceback (the kernel, not a cell)\\n')")]
+        nbformat.write(nb, folder / "noise.ipynb")
+        r = course_sh(student_archive, "check", "99")
+        out = r.stdout + r.stderr
+        assert r.returncode == 0 and "99_kernel_noise/noise.ipynb: visible tests pass" in out, out
+        assert "Traceback" not in out, out
+    finally:
+        shutil.rmtree(folder)
+
+
 def test_course_sh_offers_only_what_works_in_the_archive(student_archive):
     for cmd in ("demo", "test"):
         r = course_sh(student_archive, cmd)
