@@ -345,7 +345,7 @@ import os, re, subprocess, sys, tempfile
 os.environ["TRITON_INTERPRET"] = "0"            # the GPU path: no e4m3 emulation, fp8 dots
 sys.path.insert(0, sys.argv[1])
 import v7_fp8_fa3 as v7
-import triton
+from facourse.cuda_build import find_cuobjdump
 from facourse.triton_setup import compile_for
 
 compile90 = lambda fn, types, const: compile_for(fn, types, const, 90, num_warps=4, num_stages=3)
@@ -376,8 +376,8 @@ short = compile_for(v7.fp8_block_fwd, types, const, 90, num_warps=v7.SHORT_TILES
 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
     f.write(short.asm["cubin"])
     f.flush()
-    usage = subprocess.run([os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"),
-                            "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run([find_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                           check=True).stdout
 regs = int(re.search(r"REG:([0-9]+)", usage).group(1))
 assert regs <= v7.SHORT_MAXNREG and "STACK:0 " in usage and "LOCAL:0 " in usage, usage   # a spill: STACK
 assert 3 * (short.metadata.shared + 1024) <= 228 * 1024, short.metadata.shared   # 1 KiB a block for the system
