@@ -1038,6 +1038,25 @@ print(f"keys in order: {int((acc_lane != op_lane).sum())} of 32 values move betw
 # third stage of prefetch is worth more than the third program. So `v7` chooses by length
 # (`benchmarks/results/2026-12-04_h200_step10_fp8_three_programs.txt`).
 #
+# FlashAttention-3's other answer to the softmax is to overlap it with the tensor cores inside one warpgroup: issue
+# $S_{j+1} = Q K_{j+1}^\top$, then $\tilde P_j V_j$, wait for $S_{j+1}$ alone, and compute its softmax while
+# $\tilde P_j V_j$ still runs. Triton cannot say this. It makes a `tl.dot` asynchronous only when the result is an
+# accumulator that the next iteration's dot takes back: $O$ of $\tilde P V$ is one, $S$, which goes to the softmax, is
+# not, so Triton waits for each $S$ right after issuing it. Writing `v7`'s loop with $S$ one tile ahead (its switch
+# `AHEAD_S`) compiles to the same wait. Gluon, Triton's lower-level language (`triton.experimental.gluon`), leaves
+# the layouts, the shared memory, the barriers and the waits to the kernel: `warpgroup_mma(..., is_async=True)`
+# issues a product, `warpgroup_mma_wait(1)` waits until one is left in flight. `v9_gluon_fp8` writes FA3's loop
+# that way on `v7`'s quantised inputs, its own TMA loads and mbarriers feeding a ring of three $K$ and $V^\top$ tiles,
+# and the SASS shows the overlap: a wait with one group in flight before the softmax (`tests/test_step10_v9_gluon_fp8.py`
+# checks it, and that `AHEAD_S` has none). It passes every check with `v7`'s RMSE, and it is not faster: on an H200,
+# 888-904 TFLOP/s on `long` and at 16k non-causal against `v7`'s 904-922 in the same run, level on `large`
+# (`benchmarks/results/2026-12-04_h200_step10_v9_gluon.txt`). What it adds, `v7` mostly had: two programs on each
+# SM, so that one program's softmax already runs under the other's products. And it costs registers, since $\tilde P$
+# now lives from one step to the next (242 a thread against 170). The converse measurement says the same: two
+# warpgroups sharing one program's 128 query rows and its $K$ and $V^\top$ tiles (FA3's shape without its
+# scheduler) run in step, both in their softmax at once, and lose 17-22% (702-751 TFLOP/s at 16k). FA3 adds a
+# scheduler for exactly that: named barriers that make the two warpgroups take turns.
+#
 # ## 8. On a GPU: FlexAttention with a sliding window
 #
 # The cell times PyTorch's FlexAttention, compiled (`torch.compile(flex_attention)` generates a Triton

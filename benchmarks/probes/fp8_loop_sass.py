@@ -24,7 +24,7 @@ from sass_loops import kernels, loops, opcode  # noqa: E402
 OPS = ("MUFU", "FADD", "FFMA", "FMUL", "FMNMX", "F2FP", "PRMT", "SHFL", "SEL", "LOP3", "QGMMA", "STS", "BAR",
        "LDS", "LDGSTS", "LDG", "DEPBAR")
 # a module switch of v7 -> the kernel's constexpr it sets
-SWITCHES = {"EXP2_FMA": "FMA_EXP2", "LAZY_RESCALE": "LAZY", "PAIRED_DESCALES": "PAIRED", "OPERAND_ORDER": "ORDER"}
+SWITCHES = {"EXP2_FMA": "FMA_EXP2", "LAZY_RESCALE": "LAZY", "PAIRED_DESCALES": "PAIRED", "OPERAND_ORDER": "ORDER", "AHEAD_S": "AHEAD"}
 CUOBJDUMP = find_cuobjdump() or os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
 
 

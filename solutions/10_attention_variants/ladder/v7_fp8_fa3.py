@@ -126,6 +126,11 @@ QUANT_WARPS = 4
 # Both on: 9-18% faster on an H200 (2026-12-04_h200_step10_fp8_operand_order.txt, with each alone and their SASS).
 PAIRED_DESCALES = True
 OPERAND_ORDER = True
+# AHEAD_S: the unmasked key tiles issue tile j + 1's Q K^T before tile j's softmax (block_tiles_ahead), FA3's
+# intra-warpgroup overlap written in Triton. Triton makes a dot asynchronous only when its result is an accumulator
+# the next iteration's dot takes back (P V's acc): the SASS waits for this S right after issuing it, the same loop
+# as without the switch (tests/test_step10_v9_gluon_fp8.py). Off; v9_gluon_fp8 writes the waits itself.
+AHEAD_S = False
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
 P_LOG2 = tl.constexpr(8.0)
@@ -415,10 +420,41 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
 
 
 @triton.jit
+def block_tiles_ahead(acc, m_i, l_i, dv_prev, q, K, VT, DK, b, h_kv, kv_row, lo, hi, q_scale, EXACT: tl.constexpr,
+                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ORDER: tl.constexpr):
+    """block_tiles' unmasked tiles [lo, hi) with S one tile ahead (AHEAD_S; paired descales): tile j + 1's Q K^T
+    is issued before tile j's softmax, so the tensor cores run it while the softmax does."""
+    k = K.load([b, h_kv, lo, 0]).reshape(BLOCK_N, D)
+    s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        j = start_n // BLOCK_N
+        k = K.load([b, h_kv, start_n + BLOCK_N, 0]).reshape(BLOCK_N, D)   # past the row: TMA's zeros, unused
+        s_next = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
+        vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)
+        dk_inv, dv_pad = tl.split(tl.load(DK + (kv_row + j) * 4 + tl.arange(0, 4)).reshape(2, 2))
+        dk, inv_dv = tl.split(dk_inv)
+        dv, _ = tl.split(dv_pad)
+        qk_scale = q_scale * dk
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - (m_new - P_LOG2)[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = to_e4m3(p, EXACT)
+        if ORDER:
+            p = operand_ordered(p, BLOCK_M, BLOCK_N)
+        acc = dot(p, vT.T, acc * (alpha * (dv_prev * inv_dv))[:, None], EXACT)
+        dv_prev = dv
+        m_i = m_new
+        s = s_next
+    return acc, m_i, l_i, dv_prev
+
+
+@triton.jit
 def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
-                  LAZY: tl.constexpr, PAIRED: tl.constexpr = False, ORDER: tl.constexpr = False):
+                  LAZY: tl.constexpr, PAIRED: tl.constexpr = False, ORDER: tl.constexpr = False,
+                  AHEAD: tl.constexpr = False):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -440,9 +476,13 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
             dv_prev = tl.maximum(dv_prev, tl.max(tl.load(at, mask=jj < NK, other=0.0), 0))
     off = Skv - Sq
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
-                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
-                                         PAIRED, ORDER)
+    if AHEAD:
+        acc, m_i, l_i, dv_prev = block_tiles_ahead(acc, m_i, l_i, dv_prev, q, K, VT, DK, b, h_kv, kv_row, 0, end_free,
+                                                   q_scale, EXACT, D, BLOCK_M, BLOCK_N, ORDER)
+    else:
+        acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0,
+                                             end_free, Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N,
+                                             FMA_EXP2, LAZY, PAIRED, ORDER)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
                                          Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
                                          PAIRED, ORDER)
@@ -607,7 +647,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
         descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, **launch)
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, AHEAD_S and PAIRED_DESCALES, **launch)
     return o, lse
 
 
