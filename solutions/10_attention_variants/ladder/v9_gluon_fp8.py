@@ -55,6 +55,7 @@ STAGES = 3                                      # K / V^T slots: Q 8 KiB + 3 x 3
 EARLY_RESCALE = True                            # acc rescaled while the next Q K^T runs (FA3's order)
 AHEAD_RECORDS = True                            # the next key tile's descales loaded a tile ahead
 P_LOG2 = gl.constexpr(8.0)
+causal_split_bounds = v7.causal_split_bounds
 quantize_fp8 = v7.quantize_fp8                 # the kind's quantiser and V^T layout: v7's
 transpose_v = v7.transpose_v
 
@@ -123,13 +124,7 @@ def fp8_fa3_fwd(q_desc, k_desc, v_desc, O, LSE, DQ, DKV, Hq, Hkv, Sq, Skv, NQ, N
     q_scale = scale * gl.load(DQ + bh * NQ + gl.minimum(rows, Sq - 1) // Q_ROWS) * 1.4426950408889634   # per row
     rec = DKV + kv_bh * NK * 4
     off = Skv - Sq
-    full_n = (Skv // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        end_free = gl.minimum(gl.maximum(start_m + off + 1, 0) // BLOCK_N * BLOCK_N, full_n)
-        hi = gl.minimum(gl.maximum(start_m + BLOCK_M + off, 0), Skv)
-    else:
-        end_free = full_n
-        hi = Skv
+    end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)   # step 05's, as v5 and v7
     n_tiles = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)                  # tile 0 even when no key is visible
     first_masked = end_free // BLOCK_N
 
