@@ -4,7 +4,8 @@ CPU tier (Gluon has no interpreter; Triton's compiler and cuobjdump need no GPU)
 fp16 and bf16 out, D 64 and 128, causal and not, without spilling and in shared memory for two programs an SM; its
 key loop issues Q K^T, then P V, then waits with one group in flight before the softmax (the overlap), where v7's
 Triton loop with S issued a tile ahead (AHEAD_S) still waits for everything right after the Q K^T; P reaches the P V
-operand as a renaming of registers (no byte shuffles in the unmasked loop). The entry points refuse a CPU tensor.
+operand as a renaming of registers (no byte shuffles in the unmasked loop); v7's AHEAD_S loop computes what its
+own loop does (Triton's interpreter). The entry points refuse a CPU tensor.
 The GPU checks are the runner's (benchmarks.ladder 10 --only v9_gluon_fp8: the FP8 kind's checks) and
 benchmarks/probes/fp8_gluon.py (against v7 on the same quantised inputs).
 """
@@ -113,6 +114,21 @@ def test_the_key_loop_waits_for_s_with_p_v_in_flight(compiled):
 def v9():
     sys.path.insert(0, str(LADDER))
     return load_module(LADDER / "v9_gluon_fp8.py", "ladder10_v9_gluon_fp8")
+
+
+def test_v7_with_s_a_tile_ahead_computes_what_its_loop_does(v9, monkeypatch):
+    """v7's AHEAD_S loop (the SASS test's Triton side) in the interpreter: bit for bit block_tiles' result."""
+    v7 = v9.v7
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 320, 128) for _ in range(3))
+    q8, dq, k8, dk, v8t, dv = v7.quantize_qkv(q, k, v)
+    for causal in (False, True):
+        runs = []
+        for ahead in (False, True):
+            monkeypatch.setattr(v7, "AHEAD_S", ahead)
+            runs.append(v7.run_kernel(q8, k8, v8t, dq, dk, dv, causal, None, torch.float32))
+        (o0, lse0), (o1, lse1) = runs
+        assert torch.equal(o0, o1) and torch.equal(lse0, lse1), causal
 
 
 def test_entry_points_refuse_a_cpu_tensor(v9):

@@ -423,7 +423,7 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
 def block_tiles_ahead(acc, m_i, l_i, dv_prev, q, K, VT, DK, b, h_kv, kv_row, lo, hi, q_scale, EXACT: tl.constexpr,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ORDER: tl.constexpr):
     """block_tiles' unmasked tiles [lo, hi) with S one tile ahead (AHEAD_S; paired descales): tile j + 1's Q K^T
-    is issued before tile j's softmax, so the tensor cores run it while the softmax does."""
+    written before tile j's softmax, FA3's order; Triton still waits for it right after issuing it."""
     k = K.load([b, h_kv, lo, 0]).reshape(BLOCK_N, D)
     s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
     for start_n in tl.range(lo, hi, BLOCK_N):
