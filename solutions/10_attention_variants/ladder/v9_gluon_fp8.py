@@ -23,15 +23,15 @@ Tiles: 64 query rows (one warpgroup, 4 warps), 128 keys, 3 stages, two programs 
 
 Measured on an H200 (benchmarks/results/2026-12-04_h200_step10_v9_gluon.txt): every check of the FP8 kind passed and
 the output matches v7's to fp16 rounding, but it is no faster: 0.98x v7 on inputs in e4m3 (888-904 TFLOP/s on long
-and at 16k non-causal, against 904-922), level on `large`. v7's two programs an SM already put one program's softmax under the
-other's GEMMs; inside a warpgroup the overlap adds little and carries P across the step (242 registers against 170).
+and at 16k non-causal, against 904-922), level on `large`. v7's two programs an SM already put one program's softmax
+under the other's GEMMs; inside a warpgroup the overlap adds little and carries P across the step (242 registers
+against 170).
 The rescale under Q K^T (EARLY_RESCALE: 3% on `large`, within noise elsewhere) and the descales a step ahead
 (AHEAD_RECORDS: 5-11%) are on; 128 query rows as two warpgroups in one program (BLOCK_M = 128, one program an SM)
 lose 17-22%: they run in step, both in their softmax at once.
 
 Needs a Hopper GPU (Gluon has no interpreter); on a CPU, compile_sass builds it for sm_90a (the tests read its SASS).
 """
-import math
 import os
 import sys
 
@@ -54,7 +54,7 @@ BLOCK_M, BLOCK_N = 64, 128                      # a warpgroup per 64 query rows
 STAGES = 3                                      # K / V^T slots: Q 8 KiB + 3 x 32 KiB, two programs an SM
 EARLY_RESCALE = True                            # acc rescaled while the next Q K^T runs (FA3's order)
 AHEAD_RECORDS = True                            # the next key tile's descales loaded a tile ahead
-P_LOG2 = gl.constexpr(8.0)
+P_LOG2 = v7.P_LOG2
 causal_split_bounds = v7.causal_split_bounds
 quantize_fp8 = v7.quantize_fp8                 # the kind's quantiser and V^T layout: v7's
 transpose_v = v7.transpose_v
@@ -79,9 +79,10 @@ def load_tile(k_desc, v_desc, k_smem, v_smem, bars, t, k_row0, v_row0, STAGES: g
 
 @gluon.jit
 def softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, Skv, off, masked, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, ORDER: gl.constexpr, P_LAYOUT: gl.constexpr):
-    """Tile start_n's S (fp32, the accumulator's layout) -> (P times 2^P_LOG2 as the P V operand, new row max,
-    alpha, new row sum). masked: the tile holds keys past Skv or, causal, past a row's diagonal."""
+                 BLOCK_N: gl.constexpr, P_LAYOUT: gl.constexpr):
+    """Tile start_n's S (fp32, the accumulator's layout) -> (P times 2^P_LOG2, fp32 in the P V operand's layout and
+    v7's operand order, new row max, alpha, new row sum). masked: the tile holds keys past Skv or, causal, past a
+    row's diagonal."""
     if masked:
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
         keep = cols[None, :] < Skv
@@ -93,15 +94,14 @@ def softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, Skv, off, masked, CAUSAL:
     p = gl.exp2(s * qk_scale[:, None] - (m_use - P_LOG2)[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    if ORDER:                                                       # v7's operand_ordered: the lanes keep P
-        R: gl.constexpr = p.shape[0]
-        p = p.reshape([R, BLOCK_N // 32, 2, 2, 4, 2]).permute([0, 1, 2, 4, 3, 5]).reshape([R, BLOCK_N])
+    R: gl.constexpr = p.shape[0]                                    # v7's operand_ordered: the lanes keep P
+    p = p.reshape([R, BLOCK_N // 32, 2, 2, 4, 2]).permute([0, 1, 2, 4, 3, 5]).reshape([R, BLOCK_N])
     return gl.convert_layout(p, P_LAYOUT, assert_trivial=True), m_new, alpha, l_i
 
 
 @gluon.jit
 def fp8_fa3_fwd(q_desc, k_desc, v_desc, O, LSE, DQ, DKV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
-                CAUSAL: gl.constexpr, GROUP: gl.constexpr, Q_ROWS: gl.constexpr, ORDER: gl.constexpr,
+                CAUSAL: gl.constexpr, GROUP: gl.constexpr, Q_ROWS: gl.constexpr,
                 D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 EARLY: gl.constexpr, AHEAD_REC: gl.constexpr):
     """One query tile of one (batch, head): q_desc over Q8 [B Hq Sq, D], k_desc over K8 [B Hkv Skv, D], v_desc over
@@ -152,7 +152,7 @@ def fp8_fa3_fwd(q_desc, k_desc, v_desc, O, LSE, DQ, DKV, Hq, Hkv, Sq, Skv, NQ, N
                       use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
     p, m_i, alpha, l_i = softmax_tile(s, m_i, l_i, q_scale * gl.load(rec), 0, rows, Skv, off, first_masked == 0,
-                                      CAUSAL, BLOCK_N, ORDER, P_L)
+                                      CAUSAL, BLOCK_N, P_L)
     dv_prev = gl.load(rec + 1)
     f = gl.full([BLOCK_M], 1.0, gl.float32, gl.SliceLayout(1, O_L))   # acc's factor before the next P V
     nxt = gl.minimum(1, n_tiles - 1) * 4                            # tile 1's record, a tile ahead
@@ -173,7 +173,7 @@ def fp8_fa3_fwd(q_desc, k_desc, v_desc, O, LSE, DQ, DKV, Hq, Hkv, Sq, Skv, NQ, N
             dk2, dv2, inv_dv2 = gl.load(rec + n2), gl.load(rec + n2 + 1), gl.load(rec + n2 + 2)
         s = warpgroup_mma_wait(num_outstanding=1, deps=[s])         # S of tile t done; P_j V_j may run on
         p, m_i, alpha, l_i = softmax_tile(s, m_i, l_i, q_scale * dk, t * BLOCK_N, rows, Skv, off,
-                                          t >= first_masked, CAUSAL, BLOCK_N, ORDER, P_L)
+                                          t >= first_masked, CAUSAL, BLOCK_N, P_L)
         f = gl.convert_layout(alpha * (dv_prev * inv_dv), gl.SliceLayout(1, O_L))
         dv_prev = dv
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -204,17 +204,16 @@ def fp8_fa3_fwd(q_desc, k_desc, v_desc, O, LSE, DQ, DKV, Hq, Hkv, Sq, Skv, NQ, N
 
 
 def layouts(D):
-    f8 = gl.float8e4nv
-    return (gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], f8), gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], f8),
-            gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], f8))
+    """The shared-memory layouts of a Q, a K and a V^T tile (TMA's and WGMMA's: 128-byte swizzle)."""
+    return tuple(gl.NVMMASharedLayout.get_default_for(shape, gl.float8e4nv)
+                 for shape in ([BLOCK_M, D], [BLOCK_N, D], [D, BLOCK_N]))
 
 
-def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype, operand_order=None):
+def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype):
     """v7.run_kernel's contract (v7's quantisers' outputs; descale_q one per query tile or per key tile)."""
     B, Hq, Sq, D = q8.shape
     Hkv, Skv = k8.shape[1], k8.shape[2]
-    order = v7.OPERAND_ORDER if operand_order is None else operand_order
-    assert v8t.shape[-1] == v7.vt_keys(Skv, order)
+    assert v8t.shape[-1] == v7.vt_keys(Skv, True), "V^T in v7's operand order (quantize_v_transposed, transpose_v)"
     scale, o, lse = v7.v5.outputs(q8, k8, v8t[..., :Skv], scale, out_dtype)
     if Sq == 0 or Skv == 0:
         return o, lse
@@ -223,7 +222,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     q_rows = next((n for n in (v7.TILES[0], BLOCK_N) if triton.cdiv(Sq, n) == nq), None)
     assert q_rows and descale_k.shape == descale_v.shape == (B, Hkv, nk)
     q8, k8 = q8.contiguous(), k8.contiguous()
-    if v8t.stride(2) * v8t.element_size() % 16 or v8t.stride(1) != D * v8t.stride(2):
+    if v8t.stride(2) % 16 or v8t.stride(1) != D * v8t.stride(2) or v8t.stride(0) != Hkv * v8t.stride(1):
         v8t = v7.v5.padded_for_tma(v8t.contiguous())
     lq, lk, lv = layouts(D)
     q_desc = TensorDescriptor(q8, [B * Hq * Sq, D], [D, 1], [BLOCK_M, D], lq)
@@ -232,7 +231,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     records = v7.records_of(descale_k, descale_v)                  # a [B, Hkv, NK] view of the 4-float records
     fp8_fa3_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         q_desc, k_desc, v_desc, o, lse, descale_q.float().contiguous(), records, Hq, Hkv, Sq, Skv, nq, nk, scale,
-        bool(causal), Hq // Hkv, q_rows, order, D, BLOCK_M, BLOCK_N, STAGES, EARLY_RESCALE, AHEAD_RECORDS,
+        bool(causal), Hq // Hkv, q_rows, D, BLOCK_M, BLOCK_N, STAGES, EARLY_RESCALE, AHEAD_RECORDS,
         num_warps=BLOCK_M // 16)
     return o, lse
 
@@ -262,18 +261,11 @@ def flash_attention_fp8(q, k, v, causal=True, scale=None):
 def compile_sass(D=128, causal=False, out="fp16", group=4):
     """On a CPU: the kernel compiled for sm_90a (no GPU), GQA with `group` query heads a KV head; returns Triton's
     CompiledKernel (asm: ttgir, ptx, cubin)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from facourse.triton_setup import compile_for
+    desc = lambda r, c, layout: f"tensordesc<fp8e4nv[{r}, {c}],{layout!r}>"  # noqa: E731
     lq, lk, lv = layouts(D)
-    names = fp8_fa3_fwd.arg_names
-    types = {"q_desc": f"tensordesc<fp8e4nv[{BLOCK_M}, {D}],{lq!r}>", "k_desc": f"tensordesc<fp8e4nv[{BLOCK_N}, {D}],{lk!r}>",
-             "v_desc": f"tensordesc<fp8e4nv[{D}, {BLOCK_N}],{lv!r}>", "O": f"*{out}", "LSE": "*fp32", "DQ": "*fp32",
-             "DKV": "*fp32", "scale": "fp32"}
-    const = {"CAUSAL": causal, "GROUP": group, "Q_ROWS": 128, "ORDER": v7.OPERAND_ORDER, "D": D, "BLOCK_M": BLOCK_M,
-             "BLOCK_N": BLOCK_N, "STAGES": STAGES, "EARLY": EARLY_RESCALE, "AHEAD_REC": AHEAD_RECORDS}
-    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
-    src = GluonASTSource(fn=fp8_fa3_fwd, signature=sig, attrs=attrs,
-                         constexprs={(names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": BLOCK_M // 16})
-
+    types = {"q_desc": desc(BLOCK_M, D, lq), "k_desc": desc(BLOCK_N, D, lk), "v_desc": desc(D, BLOCK_N, lv),
+             "O": f"*{out}", "LSE": "*fp32", "DQ": "*fp32", "DKV": "*fp32", "scale": "fp32"}
+    const = {"CAUSAL": causal, "GROUP": group, "Q_ROWS": 128, "D": D, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
+             "STAGES": STAGES, "EARLY": EARLY_RESCALE, "AHEAD_REC": AHEAD_RECORDS}
+    return compile_for(fp8_fa3_fwd, types, const, 90, num_warps=BLOCK_M // 16)
