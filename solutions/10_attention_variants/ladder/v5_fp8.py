@@ -135,11 +135,13 @@ def quantize_fp8(x):
     return (x.float() / descale[..., None, None]).to(torch.float8_e4m3fn), descale
 
 
-def require_fp8_gpu(t, rung="v5_fp8"):
-    if not (t.is_cuda and torch.cuda.get_device_capability(t.device) >= (8, 9)):
-        where = f"sm_{''.join(map(str, torch.cuda.get_device_capability(t.device)))}" if t.is_cuda else "the CPU"
-        raise RuntimeError(f"{rung} needs a GPU with FP8 tensor cores (sm_89 or later: Ada, Hopper); the "
-                           f"tensors are on {where}")
+def require_fp8_gpu(t, rung="v5_fp8", hopper=False):
+    """Refuse a tensor not on a GPU with FP8 tensor cores (hopper: on a Hopper GPU, for WGMMA)."""
+    cap = torch.cuda.get_device_capability(t.device) if t.is_cuda else None
+    if cap is None or (cap[0] != 9 if hopper else cap < (8, 9)):
+        where = f"sm_{''.join(map(str, cap))}" if cap else "the CPU"
+        need = "a Hopper GPU (sm_90: WGMMA)" if hopper else "a GPU with FP8 tensor cores (sm_89 or later: Ada, Hopper)"
+        raise RuntimeError(f"{rung} needs {need}; the tensors are on {where}")
 
 
 def padded_for_tma(t):

@@ -126,7 +126,7 @@ QUANT_WARPS = 4
 # Both on: 9-18% faster on an H200 (2026-12-04_h200_step10_fp8_operand_order.txt, with each alone and their SASS).
 PAIRED_DESCALES = True
 OPERAND_ORDER = True
-# AHEAD_S: the unmasked key tiles issue tile j + 1's Q K^T before tile j's softmax (block_tiles_ahead), FA3's
+# AHEAD_S: the unmasked key tiles write tile j + 1's Q K^T before tile j's softmax (block_tiles' AHEAD), FA3's
 # intra-warpgroup overlap written in Triton. Triton makes a dot asynchronous only when its result is an accumulator
 # the next iteration's dot takes back (P V's acc): the SASS waits for this S right after issuing it, the same loop
 # as without the switch (tests/test_step10_v9_gluon_fp8.py). Off; v9_gluon_fp8 writes the waits itself.
@@ -370,12 +370,21 @@ def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
 def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr,
-                PAIRED: tl.constexpr, ORDER: tl.constexpr):
+                PAIRED: tl.constexpr, ORDER: tl.constexpr, AHEAD: tl.constexpr = False):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
-    head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max)."""
+    head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max).
+    AHEAD: each tile's Q K^T written a tile early, before the previous tile's softmax (AHEAD_S)."""
+    if AHEAD:
+        s_next = dot(q, K.load([b, h_kv, lo, 0]).reshape(BLOCK_N, D).T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
+                     EXACT)
     for start_n in tl.range(lo, hi, BLOCK_N):
         j = start_n // BLOCK_N
-        k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
+        if AHEAD:                                                   # past the row: TMA's zeros, unused
+            s = s_next
+            k = K.load([b, h_kv, start_n + BLOCK_N, 0]).reshape(BLOCK_N, D)
+            s_next = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
+        else:
+            k = K.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, D)
         vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)
         # tl.load: the pipeliner copies dk a step ahead; a plain load ran 5-9% slower (2026-12-03_h200_step10_fp8_plain_descales.txt)
         if PAIRED:                                                  # (dk, dv, 1 / dv, unused), one load
@@ -388,7 +397,8 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
             dv = tl.load(DV + kv_row + j)
             ratio = dv_prev / dv
         qk_scale = q_scale * dk                                     # scale * dq[i] * dk[j] * log2(e)
-        s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
+        if not AHEAD:
+            s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
         s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
         if LAZY:   # keep a row's max unless it grew by more than LAZY_TAU; P V_j's dv / dv_max rides the exp2
             m_new = tl.where(m_new > m_i + LAZY_TAU, m_new, m_i)
@@ -420,36 +430,6 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
 
 
 @triton.jit
-def block_tiles_ahead(acc, m_i, l_i, dv_prev, q, K, VT, DK, b, h_kv, kv_row, lo, hi, q_scale, EXACT: tl.constexpr,
-                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ORDER: tl.constexpr):
-    """block_tiles' unmasked tiles [lo, hi) with S one tile ahead (AHEAD_S; paired descales): tile j + 1's Q K^T
-    written before tile j's softmax, FA3's order; Triton still waits for it right after issuing it."""
-    k = K.load([b, h_kv, lo, 0]).reshape(BLOCK_N, D)
-    s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
-    for start_n in tl.range(lo, hi, BLOCK_N):
-        j = start_n // BLOCK_N
-        k = K.load([b, h_kv, start_n + BLOCK_N, 0]).reshape(BLOCK_N, D)   # past the row: TMA's zeros, unused
-        s_next = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
-        vT = VT.load([b, h_kv, 0, start_n]).reshape(D, BLOCK_N)
-        dk_inv, dv_pad = tl.split(tl.load(DK + (kv_row + j) * 4 + tl.arange(0, 4)).reshape(2, 2))
-        dk, inv_dv = tl.split(dk_inv)
-        dv, _ = tl.split(dv_pad)
-        qk_scale = q_scale * dk
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - (m_new - P_LOG2)[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p = to_e4m3(p, EXACT)
-        if ORDER:
-            p = operand_ordered(p, BLOCK_M, BLOCK_N)
-        acc = dot(p, vT.T, acc * (alpha * (dv_prev * inv_dv))[:, None], EXACT)
-        dv_prev = dv
-        m_i = m_new
-        s = s_next
-    return acc, m_i, l_i, dv_prev
-
-
-@triton.jit
 def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
@@ -476,13 +456,9 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
             dv_prev = tl.maximum(dv_prev, tl.max(tl.load(at, mask=jj < NK, other=0.0), 0))
     off = Skv - Sq
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
-    if AHEAD:
-        acc, m_i, l_i, dv_prev = block_tiles_ahead(acc, m_i, l_i, dv_prev, q, K, VT, DK, b, h_kv, kv_row, 0, end_free,
-                                                   q_scale, EXACT, D, BLOCK_M, BLOCK_N, ORDER)
-    else:
-        acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0,
-                                             end_free, Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N,
-                                             FMA_EXP2, LAZY, PAIRED, ORDER)
+    acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
+                                         Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
+                                         PAIRED, ORDER, AHEAD)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
                                          Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
                                          PAIRED, ORDER)
@@ -647,7 +623,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
         descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, AHEAD_S and PAIRED_DESCALES, **launch)
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, AHEAD_S, **launch)
     return o, lse
 
 

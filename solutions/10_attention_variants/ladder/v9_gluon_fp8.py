@@ -236,23 +236,17 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     return o, lse
 
 
-def require_hopper(t):
-    if not (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9):
-        where = f"sm_{''.join(map(str, torch.cuda.get_device_capability(t.device)))}" if t.is_cuda else "the CPU"
-        raise RuntimeError(f"v9_gluon_fp8 needs a Hopper GPU (sm_90: WGMMA); the tensors are on {where}")
-
-
 def flash_attention_fp8_prequantized(q8, k8, v8t, descale_q, descale_k, descale_v, causal=True, scale=None,
                                      out_dtype=torch.float16):
     """The kernel on inputs already quantised (v7's quantize_fp8 or quantize_qkv): see run_kernel."""
-    require_hopper(q8)
+    v7.v5.require_fp8_gpu(q8, "v9_gluon_fp8", hopper=True)
     return run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_dtype)
 
 
 def flash_attention_fp8(q, k, v, causal=True, scale=None):
     """v7's contract: q [B, Hq, Sq, D], k and v [B, Hkv, Skv, D] in fp16 or bf16, quantised by v7's fused kernels,
     then this kernel. Returns (o in q's dtype, lse fp32)."""
-    require_hopper(q)
+    v7.v5.require_fp8_gpu(q, "v9_gluon_fp8", hopper=True)
     validate_triton_inputs(q, k, v, scale)
     q8, dq, k8, dk, v8t, dv = v7.quantize_qkv(q, k, v)
     return run_kernel(q8, k8, v8t, dq, dk, dv, causal, scale, q.dtype)
