@@ -21,6 +21,7 @@ from facourse import (AttnConfig, check_all, check_attention, check_entry_point,
 from facourse.backward import check_forward_backward, gradcheck_forward_backward
 from facourse.check import is_collecting
 from facourse.decode import check_paged_bad_inputs, check_paged_decode
+from facourse.fa4 import check_exp2_fn, check_rescale_fn
 from facourse.interchange import (check_definition, check_definition_reference, check_routing,
                                   check_traces)
 from facourse.ring import check_merge_partials, check_ring
@@ -139,4 +140,6 @@ CHECKS = {
     "traces": adapt(check_traces, device=False),
     "routing": adapt(check_routing, device=False),
     "tilelang_cpu": adapt(check_tilelang_cpu, device=False),
+    "exp2": adapt(check_exp2_fn),
+    "rescale": adapt(check_rescale_fn),
 }

@@ -75,6 +75,16 @@ _SOFTMAX_CAUSE = ("a softmax over all {skv} keys at once materialises the full s
 _KV_COPY_CAUSE = ("K and V copied once per query head (GQA expanded outside the kernel): with GQA, query head h "
                   "reads KV head h // (Hq // Hkv) inside the kernel, from the K and V it was given; the copies "
                   "cost the memory and the bandwidth GQA exists to save")
+# Step 14's exp2_poly computes 2^x on the FMA pipes: every PyTorch route to an exponential (in place or not,
+# any overload; pow only with a tensor exponent or a scalar base: x ** 3 is a polynomial)
+_ATEN_EXP = {"aten::exp", "aten::exp2", "aten::expm1", "aten::special_exp2", "aten::special_expm1", "aten::ldexp",
+             "aten::float_power", "aten::sigmoid", "aten::special_expit", "aten::tanh", "aten::sinh", "aten::cosh",
+             "aten::logsumexp", "aten::logaddexp", "aten::logaddexp2", "aten::softplus", "aten::elu", "aten::celu",
+             "aten::selu", "aten::silu", "aten::mish", "aten::gelu", "aten::erf", "aten::erfc", "aten::polar",
+             "aten::frexp"} | set(_ATEN_SOFTMAX)
+_EXP_CAUSE = ("this exercise computes 2^x itself, as FlashAttention-4 does on the FMA pipes: the range reduction, "
+              "a polynomial for 2^f and the exponent bits. PyTorch's exponentials (exp, exp2, pow with a tensor "
+              "exponent, ldexp, sigmoid, ...) may not be called from it")
 #: What a guarded call with ``forbid_kv_copies`` may allocate besides its outputs (o like q, lse): one copy
 #: of each input (a .contiguous() of q, k or v) and this much more.
 KV_COPY_SLACK = 64 * 1024
@@ -90,9 +100,10 @@ def _softmax_dim(args, kwargs, aten: bool):
 class _Watch:
     """Shared state of one guarded call: the score shape, what was seen, whether softmax is allowed."""
 
-    def __init__(self, name: str, skv: int, allow_softmax: bool, forbid_matmul: bool = False, kv=None, budget=None):
+    def __init__(self, name: str, skv: int, allow_softmax: bool, forbid_matmul: bool = False, kv=None, budget=None,
+                 forbid_exp: bool = False):
         self.name, self.skv, self.allow_softmax = name, skv, allow_softmax
-        self.forbid_matmul = forbid_matmul
+        self.forbid_matmul, self.forbid_exp = forbid_matmul, forbid_exp
         self.violations: list[str] = []
         # forbid_kv_copies: the elements of k's and v's storages, every storage seen, the bytes the call may allocate
         self.kv = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size() for t in kv or ()}
@@ -192,6 +203,10 @@ class _DispatchGuard(_Watching, _LazyDynamoMode):
             self.watch.flag(f"PyTorch's attention kernel ({name})", _ATTN_CAUSE)
         if self.watch.forbid_matmul and name.split(".")[0] in _ATEN_MATMUL:
             self.watch.flag(f"a PyTorch matrix product ({name})", _MATMUL_CAUSE)
+        if self.watch.forbid_exp and (name.split(".")[0].rstrip("_") in _ATEN_EXP
+                                      or name in ("aten::pow.Scalar", "aten::pow.Tensor_Tensor", "aten::pow_.Tensor",
+                                                  "aten::pow.Scalar_out", "aten::pow.Tensor_Tensor_out")):
+            self.watch.flag(f"a PyTorch exponential ({name})", _EXP_CAUSE)
         if name.split(".")[0] in _ATEN_SOFTMAX and args:
             self.watch.softmax(name.split(".")[0], args[0], _softmax_dim(args, kwargs, True))
         out = func(*args, **kwargs)
@@ -275,6 +290,24 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
             budget = 2 * q.numel() * q.element_size() + lse + nbytes(k) + nbytes(v) + KV_COPY_SLACK
         with framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul, kv, budget):
             return fn(q, k, v, *args, **kwargs)
+
+    return guarded
+
+
+def forbid_exponentials(fn):
+    """``fn`` wrapped so that it may not reach any PyTorch exponential while it runs (step 14's exp2_poly:
+    ``_ATEN_EXP``, at the dispatcher, so every alias and ``torch.ops.aten`` route is covered); a call the
+    student's code catches is still reported when it returns."""
+    name = getattr(fn, "__name__", "the entry point")
+
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        watch = _Watch(name, 0, True, forbid_exp=True)
+        with _DispatchGuard(watch):
+            out = fn(*args, **kwargs)
+        if watch.violations:
+            raise CheatDetected(watch.violations[0] + "\n  (the error was caught inside the function; it still counts)")
+        return out
 
     return guarded
 

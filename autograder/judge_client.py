@@ -115,8 +115,9 @@ def _wrap(fn, spec: dict):
     if spec.get("interchange"):
         fn = _interchange(fn, spec["interchange"], spec["seed"])
     if spec.get("guard") is not None:
-        from .guards import forbid_framework_attention
-        fn = forbid_framework_attention(fn, **spec["guard"])
+        from .guards import forbid_exponentials, forbid_framework_attention
+        guard = dict(spec["guard"])
+        fn = forbid_exponentials(fn) if guard.pop("exponentials", False) else forbid_framework_attention(fn, **guard)
     return fn
 
 

@@ -4,7 +4,8 @@ A hidden cell only says ``judge("test_large", tiled_attention)``; what that test
 here, where the kernel cannot change it. Each test is a list of checks (``autograder/checks.py``,
 by name, with their keyword arguments; the judge adds a fresh secret seed to each), plus:
 
-* ``guard``: the entry point runs inside ``forbid_framework_attention`` (in the kernel: its
+* ``guard``: the entry point runs inside ``forbid_framework_attention`` (``{"exponentials": True}``: inside
+  ``forbid_exponentials`` instead, step 14's exp2_poly) (in the kernel: its
   finding is evidence the judge receives); ``{"allow_softmax": True}`` for step 01; None for the
   softmax steps, whose functions are not attention;
 * ``needs``: ``"gpu"`` (sm_80+) or ``"sm90a"``: without it the test scores 0 and says why;
@@ -328,6 +329,14 @@ def _step11() -> dict[str, Test]:
     }
 
 
+def _step14() -> dict[str, Test]:
+    # exp2_poly may not reach PyTorch's exponentials (the guard); the update may (it uses exp2 as the kernel does)
+    exp2 = {case: Test((Check("exp2", {"case": case}),), guard={"exponentials": True})
+            for case in ("softmax", "grid", "edges")}
+    rescale = {case: Test((Check("rescale", {"case": case}),)) for case in ("random", "growing", "eager", "masked")}
+    return {**{f"test_exp2_{c}": t for c, t in exp2.items()}, **{f"test_rescale_{c}": t for c, t in rescale.items()}}
+
+
 PLANS = {
     "01_vanilla_attention": _step01,
     "02_safe_softmax": _step02,
@@ -341,6 +350,7 @@ PLANS = {
     "10_attention_variants": _step10,
     "11_interchangeable_kernels": _step11,
     "12_ring_attention": _step12,
+    "14_after_hopper": _step14,
 }
 
 

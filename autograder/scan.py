@@ -13,7 +13,7 @@ and flags each line that reaches for the grading machinery:
   module; reading the judge's address; in CUDA sources, the Python C API, ``dlopen``, ``system``;
 * ``review`` (shown to the instructor, no points change): naming PyTorch's attention
   (``scaled_dot_product_attention``, ``MultiheadAttention``, ``torch.ops.aten``, ...), a computed
-  ``getattr`` on anything else, writing files.
+  ``getattr`` on anything else, writing files, exponentials through NumPy or ``math`` (step 14).
 
 A flag names the cell, the line and the rule. The scan cannot see what a string builds at run
 time; that is what the judge's own checks are for (autograder/README.md says what is not defended).
@@ -229,6 +229,11 @@ def student_cells(nb: dict) -> list[tuple[str, str]]:
     return out
 
 
+# Step 14: exponentials outside PyTorch, which the judge's guard on exp2_poly (PyTorch's dispatcher) cannot see
+OTHER_EXPONENTIALS = re.compile(r"(?<![\w.])(?:np|numpy|math|scipy\.special|cmath)\.(?:exp2?|expm1|power|float_power|pow|ldexp|"
+                                r"exp10|sigmoid|expit)\b|\.numpy\(\)")
+
+
 def scan_source(source: str, where: str) -> list[Flag]:
     lines = source.splitlines()
     # IPython syntax (magics, shell escapes) is not Python: a magic is flagged, the rest parsed
@@ -262,6 +267,10 @@ def scan_source(source: str, where: str) -> list[Flag]:
         if m and not ln.lstrip().startswith("#"):
             flags.append(Flag("review", f"{where}, line {n}", f"uses facourse.interchange's own spec or grader data "
                                                                f"({m.group(0)}) instead of writing it", ln))
+        m = OTHER_EXPONENTIALS.search(ln)
+        if m and not ln.lstrip().startswith("#"):
+            flags.append(Flag("review", f"{where}, line {n}", f"computes with NumPy or math ({m.group(0)}), where the "
+                                                               "judge's guard does not look", ln))
         m = TILELANG_STAND_IN.search(ln)
         if m and not ln.lstrip().startswith("#"):
             flags.append(Flag("review", f"{where}, line {n}", f"reaches into the CPU stand-in of TileLang "

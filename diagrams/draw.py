@@ -682,6 +682,11 @@ from variants_figures import FIGURES as _VARIANTS_FIGURES  # noqa: E402
 
 FIGURES.update(_VARIANTS_FIGURES)
 
+# Step 14's figures: the exponential's cycle budget per tile, FlashAttention-4's Blackwell CTA.
+from after_hopper_figures import FIGURES as _AFTER_HOPPER_FIGURES  # noqa: E402
+
+FIGURES.update(_AFTER_HOPPER_FIGURES)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -11,7 +11,7 @@ step does not hide the others' failures.
 The submissions of students ``alice``, ``bob`` and ``carol`` (the solution, the untouched stub, one
 planted bug: ``conftest.solution_and_stub``) are the demo's samples, committed under
 autograder/samples by tools/make_samples.py (tests/test_autograder.py keeps them in sync), so this run
-is ``python -m autograder demo``'s, steps 02-12 (step 01's samples: test_autograder.py's interrupted
+is ``python -m autograder demo``'s, steps 02-12 and 14 (step 01's samples: test_autograder.py's interrupted
 run), and CI grades each sample once. It also writes the HTML report, as the demo does: a plot per step.
 
 ``carol`` costs as much to grade as ``alice`` (the same kernel in Triton's interpreter: the nine
@@ -45,6 +45,7 @@ MODULES = (
     "test_exercise_step10",             # 10_attention_variants
     "test_exercise_step11",             # 11_interchangeable_kernels
     "test_exercise_step12",             # 12_ring_attention
+    "test_exercise_step14",             # 14_after_hopper
 )
 
 

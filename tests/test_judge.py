@@ -226,9 +226,11 @@ def test_scan_review_flags_and_clean_code():
     for answer in ("d = fx._spec_definition()", "d = Definition(**fx.SPEC, reference=src)",
                    "from facourse.interchange import routing_trace_set",      # step 11's answers, from the library
                    "O.arr[...] = 0", "getattr(O, 'arr')[...] = 0",             # or past the TileLang stand-in
-                   "import facourse.tilelang_cpu"):
+                   "import facourse.tilelang_cpu",
+                   "y = torch.from_numpy(np.exp2(x.numpy()))", "y = math.pow(2.0, t)"):   # step 14: past the guard
         assert [f.severity for f in scan_source(answer, "cell x")] == ["review"], answer
     assert not scan_source('d = Definition(name="mini_flash_attention_prefill", axes=axes)', "cell x")
+    assert not scan_source("c = math.log(2)\np = ((c3 * f + c2) * f + c1) * f + 1.0\np = tl.math.exp2(s)", "cell x")
     assert scan_cuda('#include <Python.h>\nvoid f() { system("ls"); }', "k.cu")
     assert not scan_cuda('asm volatile("mma.sync.aligned.m16n8k16" ::);', "k.cu")
 

@@ -1,7 +1,7 @@
-"""No answer in the lecture (issue 20), for every lecture/exercise pair 02-12: the attention-like functions
+"""No answer in the lecture (issue 20), for every lecture/exercise pair 02-12 and 14: the attention-like functions
 of a lecture, wrapped into the matching exercise's entry point, fail that exercise's checks or score nothing
 through the judge (02-05, 08-10, 12); lectures 06 and 07 hold no line of their exercise's device functions,
-and lecture 11 none of its exercise's answers.
+and lectures 11 and 14 none of their exercise's answers.
 
 The functions are taken from the lecture's text twin by name (so the test follows the lecture when
 it changes) and wrapped the way a student would: a two-line call for the loophole the issue found
@@ -328,11 +328,11 @@ def _lecture_11_code():
     return ast.parse(LECTURE_11.read_text(encoding="utf-8"))
 
 
-def exercise_11_answer_lines() -> list[str]:
-    """The distinctive lines of exercise 11's solution regions: at least 30 characters of code, not in the
-    exercise's own text outside them (what the notebook gives every student: its code, and its task text,
-    where it quotes an API's idiom such as the running max's T.reduce_max)."""
-    src = EXERCISE_11.read_text(encoding="utf-8")
+def exercise_11_answer_lines(twin=None) -> list[str]:
+    """The distinctive lines of exercise 11's (or the exercise ``twin``'s) solution regions: at least 30
+    characters of code, not in the exercise's own text outside them (what the notebook gives every student:
+    its code, and its task text, where it quotes an API's idiom such as the running max's T.reduce_max)."""
+    src = (twin or EXERCISE_11).read_text(encoding="utf-8")
     regions = re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", src, re.S)
     outside = re.sub(r"### BEGIN SOLUTION\n.*?### END SOLUTION", "", src, flags=re.S).splitlines()
     given = " ".join(_normalised(ln) for ln in outside) + " " + " ".join(" ".join(ln.lstrip("# ").split())
@@ -466,3 +466,18 @@ def test_lecture_05_kernel_with_gqa_copied_outside_scores_nothing():
     for _, test, points, message in verdicts:
         assert float(points) == 0, f"{test}: the lecture's kernel with K and V copied per head scored {points}"
         assert "K and V copied once per query head" in message and "h // (Hq // Hkv)" in message, message
+
+
+# ----------------------------------------------------------------------------- lecture 14 -> exercise 14
+def test_lecture_14_holds_no_line_of_exercise_14s_solution():
+    """Lecture 14 fits the polynomial on [0, 1) and counts rescales; no line of exercise 14's answers (the
+    whole exp2_poly, the coefficient fit, lazy_rescale_update) appears in it, code or prose, and it defines
+    neither entry point."""
+    answer = exercise_11_answer_lines(ROOT / "solutions" / "14_after_hopper" / "14_after_hopper.pct.py")
+    assert len(answer) >= 8, answer              # the regions were found: the test checks something
+    lecture = ROOT / "course" / "14_after_hopper.pct.py"
+    text = " ".join(_normalised(ln.lstrip("# ")) for ln in lecture.read_text(encoding="utf-8").splitlines())
+    found = [ln for ln in answer if ln in text]
+    assert not found, f"lecture 14 holds exercise 14's answer lines: {found}"
+    defined = {n.name for n in ast.parse(lecture.read_text(encoding="utf-8")).body if isinstance(n, ast.FunctionDef)}
+    assert not defined & {"exp2_poly", "lazy_rescale_update", "exp2_coefficients"}, defined

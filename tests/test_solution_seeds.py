@@ -10,7 +10,7 @@ no output comes nearer than a factor MIN_MARGIN to what the course's rule allows
 the error, element by element). A regrade draws new inputs only when the workspace secret changes,
 and then a correct solution still passes.
 
-CPU time (about two CPU-minutes in all): each CPU-gradable step (01-05, 08-12; 06 and 07 need
+CPU time (about two CPU-minutes in all): each CPU-gradable step (01-05, 08-12, 14; 06 and 07 need
 their GPU or emulator) runs its cheapest hidden tests (edge cases and ``small``, never ``large``;
 the Triton interpreter only on small shapes) for all 50 seed keys in one subprocess (Triton's
 interpreter must be chosen before triton is imported): one pytest test per step, so pytest-xdist
@@ -55,6 +55,9 @@ STEPS = {
     "10_attention_variants": (("setup", "builder"), ("test_alibi",)),
     "11_interchangeable_kernels": (("setup", "solution_example"), ("test_tilelang_other", "test_fallback")),
     "12_ring_attention": (("setup",), ("test_merge", "test_gqa_edges")),
+    "14_after_hopper": (("imports", "exp2_fit"), ("test_exp2_softmax", "test_exp2_grid", "test_exp2_edges",
+                                                  "test_rescale_random", "test_rescale_growing", "test_rescale_eager",
+                                                  "test_rescale_masked")),
 }
 
 _RUNNER = r'''

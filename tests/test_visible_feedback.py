@@ -1,4 +1,4 @@
-"""Visible feedback that finds the classic bugs before grading (issue 20), exercises 02-05.
+"""Visible feedback that finds the classic bugs before grading (issue 20), exercises 02-05, 11 and 14.
 
 For each exercise, one test plants each classic bug in a copy of the solution and runs the notebook's
 visible cells as a student's Run All does (set-up and solution cells, then the visible part of
@@ -195,3 +195,21 @@ def test_11_visible_cells(tmp_path):
                "test_tilelang_causal", "test_tilelang_other")
     bugs = {name: ({cell: [(old, new)]}, [test, says]) for name, (cell, old, new, test, says) in PLANTED.items()}
     assert_visible_feedback(tmp_path, STEP, bugs, limit_s=30, visible=visible)
+
+
+# ----------------------------------------------------------------------------- exercise 14
+A14 = "14_after_hopper"
+BUGS_14 = {
+    "trunc": ({"exp2_poly": [("n = torch.floor(x)", "n = torch.trunc(x)")]}, ["rounds toward zero"]),
+    "no_clamp": ({"exp2_poly": [("x = x.clamp(min=-127.0)", "pass")]}, ["x = -inf"]),
+    "eager": ({"lazy_rescale_update": [("rowmax > m + threshold", "rowmax > m")]}, ["follows every growth"]),
+    "at_threshold": ({"lazy_rescale_update": [("rowmax > m + threshold", "rowmax >= m + threshold")]},
+                     ["visible_checks", "strictly greater"]),
+    "nan_on_empty": ({"lazy_rescale_update": [("base = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), "
+                                               "m_new)", "base = m_new")]}, ["no finite score"]),
+}
+
+
+def test_14_visible_cells(tmp_path):
+    assert_visible_feedback(tmp_path, A14, BUGS_14, limit_s=20,
+                            visible=("test_exp2_softmax", "test_rescale_random", "visible_checks"))

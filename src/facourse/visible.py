@@ -14,6 +14,8 @@ fails one of them, in the interpreter's tile sizes as in a GPU's:
   the last (ignoring ``dim``);
 * 03: rows no multiple of the block size (the last, partial block), blocks whose entries are all
   -inf, several blocks per row whose max grows (alpha), empty states in the merge;
+* 14: the polynomial over every fraction and for x < 0, -inf and underflow (exp2_poly); maxima that
+  grow by less than, exactly and more than the threshold, threshold 0, rows with no score yet;
 * 04, 05: several key tiles (alpha), Sq != Skv (top-left causal, the causal offset), ragged
   lengths (the last partial query or key tile, the launch grid), rows that see no key, decode,
   MQA, overflow-sized logits, a scale argument.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import time
 
 from .check import check_entry_point
+from .fa4 import check_exp2_fn, check_rescale_fn
 from .softmax_check import check_merge_fn, check_softmax_fn
 
 #: step -> [(case, options, what it catches)]
@@ -72,6 +75,15 @@ VISIBLE_CASES: dict[str, list[tuple[str, dict, str]]] = {
         ("d64", {}, "D = 64"),
         ("overflow", {}, "logits in the hundreds"),
     ],
+    "14_exp2": [
+        ("grid", {}, "every fraction f in [0, 1) at n from -24 to 8: the polynomial's accuracy, floor for x < 0"),
+        ("edges", {}, "-inf (masked scores), x below -126, whole numbers"),
+    ],
+    "14_rescale": [
+        ("growing", {}, "maxima that grow by less than, exactly, and more than the threshold; thresholds 8 and 2"),
+        ("eager", {}, "threshold 0: the online softmax of steps 03-05"),
+        ("masked", {}, "rows with no finite score yet: m = -inf"),
+    ],
 }
 
 
@@ -95,7 +107,8 @@ def check_visible(fn, step: str, *, device=None, verbose: bool = True) -> None:
     """Run step ``step``'s visible cases on ``fn``; stop at the first failure with its message.
 
     ``step`` is "02" (``safe_softmax``), "03" (``online_softmax``), "03_merge"
-    (``merge_softmax_states``), "04" (``tiled_attention``) or "05" (``flash_attention_triton``).
+    (``merge_softmax_states``), "04" (``tiled_attention``), "05" (``flash_attention_triton``), "14_exp2"
+    (``exp2_poly``) or "14_rescale" (``lazy_rescale_update``).
     Returns nothing (nbgrader reads a cell's displayed value as partial credit).
     """
     cases = visible_cases(step)
@@ -109,6 +122,10 @@ def check_visible(fn, step: str, *, device=None, verbose: bool = True) -> None:
                              verbose=verbose)
         elif step == "03_merge":
             check_merge_fn(fn, case, seed=seed, device=device, verbose=verbose)
+        elif step == "14_exp2":
+            check_exp2_fn(fn, case, seed=seed, device=device, verbose=verbose)
+        elif step == "14_rescale":
+            check_rescale_fn(fn, case, seed=seed, device=device, verbose=verbose)
         else:
             check_entry_point(_bound(fn, opts.get("bind")), case, seed=seed, device=device,
                               expect_lse=True, scale=opts.get("scale"), verbose=verbose)

@@ -1,0 +1,150 @@
+"""Exercise 14 (FlashAttention-4's software exp2 and conditional rescale) and its check, facourse.fa4.
+
+Grading: the solution (every autograded point, the written answer left to the instructor) and the
+untouched stub (0) through nbgrader (``GRADING``, the demo's samples, graded in
+tests/test_exercise_grading.py's one run); planted bugs through the judge, each losing the test that
+names it while the others pass; the guard that keeps PyTorch's exponentials out of ``exp2_poly``.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import planted_verdicts, solution_and_stub, solution_code
+from autograder.guards import CheatDetected, forbid_exponentials
+from facourse import FA4CheckError, check_exp2_fn, check_rescale_fn
+from facourse.fa4 import EXP2_CASES, RESCALE_CASES
+
+A14 = "14_after_hopper"
+GIVEN = ("imports", "exp2_fit")
+ANSWER = "P~ stays below 2^tau; the two units run in parallel."   # a written answer
+
+#: The demo's planted bug (carol): trunc for floor.
+PLANTED = ("exp2_poly", "n = torch.floor(x)", "n = torch.trunc(x)", "test_exp2_grid", "rounds toward zero")
+GRADING = solution_and_stub(A14, 7, set(), 0, PLANTED, {"written_after_hopper": ANSWER})
+
+EXP2 = ["test_exp2_softmax", "test_exp2_grid", "test_exp2_edges"]
+RESCALE = ["test_rescale_random", "test_rescale_growing", "test_rescale_eager", "test_rescale_masked"]
+
+
+def _mutate(code: str, old: str, new: str) -> str:
+    assert old in code, f"planted bug out of date: {old!r} is not in the solution"
+    return code.replace(old, new)
+
+
+def test_planted_bugs_14(tmp_path):
+    code = solution_code(A14)
+    exp2, fit, upd = code["exp2_poly"], code["exp2_coefficients"], code["lazy_rescale_update"]
+    bugs = {
+        "trunc": {"exp2_poly": _mutate(exp2, *PLANTED[1:3])},
+        "no_clamp": {"exp2_poly": _mutate(exp2, "x = x.clamp(min=-127.0)", "pass")},
+        "taylor": {"exp2_coefficients": _mutate(fit, "    f = torch.linspace",
+                                                "    return math.log(2), math.log(2) ** 2 / 2, math.log(2) ** 3 / 6\n"
+                                                "    f = torch.linspace")},
+        "calls_exp2": {"exp2_poly": _mutate(exp2, "    x = x.clamp(min=-127.0)", "    return torch.exp2(x)")},
+        "eager": {"lazy_rescale_update": _mutate(upd, "rowmax > m + threshold", "rowmax > m")},
+        "at_threshold": {"lazy_rescale_update": _mutate(upd, "rowmax > m + threshold", "rowmax >= m + threshold")},
+        "threshold_8": {"lazy_rescale_update": _mutate(upd, "rowmax > m + threshold", "rowmax > m + 8.0")},
+        "nan_on_empty": {"lazy_rescale_update": _mutate(
+            upd, "base = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)", "base = m_new")},
+        "no_alpha_l": {"lazy_rescale_update": _mutate(upd, "alpha * l + p.sum(-1)", "l + p.sum(-1)")},
+    }
+    expect = {   # bug: (the test it fails, what its message says, the tests it passes)
+        "trunc": ("test_exp2_grid", "rounds toward zero", RESCALE),   # (edges: x in (-127, -126) may wrap too)
+        "no_clamp": ("test_exp2_edges", "x below -126", ["test_exp2_grid"] + RESCALE),
+        "taylor": ("test_exp2_grid", "grows towards f = 1", RESCALE),
+        "calls_exp2": ("test_exp2_softmax", "[anti-cheat]", RESCALE),
+        "eager": ("test_rescale_growing", "m follows every growth", EXP2 + ["test_rescale_eager"]),
+        "at_threshold": ("test_rescale_growing", "strictly greater", EXP2 + ["test_rescale_random",
+                                                                               "test_rescale_masked"]),
+        "threshold_8": ("test_rescale_growing", "threshold 2", EXP2 + ["test_rescale_random", "test_rescale_masked"]),
+        "nan_on_empty": ("test_rescale_masked", "no finite score", EXP2 + ["test_rescale_random",
+                                                                            "test_rescale_growing"]),
+        "no_alpha_l": ("test_rescale_growing", "l was not rescaled", EXP2),
+    }
+    got = planted_verdicts(tmp_path, A14, GIVEN, bugs)
+    for bug, (fails, says, passes) in expect.items():
+        v = got[bug]
+        assert v[fails]["points"] == 0, f"{bug}: expected {fails} to fail: {v[fails]}"
+        assert says in v[fails]["message"], f"{bug}: {fails}'s message does not say {says!r}:\n{v[fails]['message']}"
+        wrong = [t for t in passes if v[t]["points"] != v[t]["max"]]
+        assert not wrong, f"{bug}: {wrong} should pass: {[v[t]['message'][:300] for t in wrong]}"
+
+
+# ----------------------------------------------------------------------------- the check, in process
+def _solution():
+    code = solution_code(A14)
+    scope = {"torch": torch, "math": math}
+    for cell in ("exp2_coefficients", "exp2_poly", "lazy_rescale_update"):
+        exec(code[cell], scope)   # noqa: S102
+    scope["C1"], scope["C2"], scope["C3"] = scope["exp2_coefficients"]()
+    return scope
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_solution_passes_every_case(seed):
+    sol = _solution()
+    for case in EXP2_CASES:
+        check_exp2_fn(sol["exp2_poly"], case, seed=seed, verbose=False)
+    for case in RESCALE_CASES:
+        check_rescale_fn(sol["lazy_rescale_update"], case, seed=seed, verbose=False)
+
+
+def test_wrong_results_are_told_apart():
+    sol = _solution()
+    exp2, update = sol["exp2_poly"], sol["lazy_rescale_update"]
+
+    def says(check, fn, case, text):
+        with pytest.raises(FA4CheckError) as err:
+            check(fn, case, seed=5, verbose=False)
+        assert text in str(err.value), str(err.value)
+
+    says(check_exp2_fn, lambda x: exp2(x) * 2, "grid", "every result is twice 2^x")
+    says(check_exp2_fn, lambda x: torch.where(torch.isneginf(x), torch.nan, exp2(x)), "edges", "x = -inf")
+    says(check_exp2_fn, lambda x: exp2(x).double(), "softmax", "dtype")
+
+    def natural(m, l, acc, s, v, threshold):
+        return update(m, l, acc, s * math.log2(math.e), v, threshold * math.log2(math.e))
+
+    def in_place(m, l, acc, s, v, threshold):
+        m2, l2, acc2 = update(m, l, acc, s, v, threshold)
+        return m2, l2, acc.copy_(acc2)
+
+    says(check_rescale_fn, lambda *a: update(*a)[:2], "random", "tuple of three tensors")
+    says(check_rescale_fn, in_place, "random", "acc was modified")
+    says(check_rescale_fn, lambda m, l, acc, s, v, t: (lambda r: (r[0], r[1], r[2] * 1.01))(update(m, l, acc, s, v, t)),
+         "eager", "acc wrong")
+    # scores read as natural-log units: both the threshold and P are off, and m is what shows it first
+    with pytest.raises(FA4CheckError):
+        check_rescale_fn(natural, "growing", seed=5, verbose=False)
+
+
+# ----------------------------------------------------------------------------- the guard
+@pytest.mark.parametrize("route", [
+    lambda x: torch.exp2(x), lambda x: x.exp(), lambda x: torch.pow(2.0, x), lambda x: 2.0 ** x,
+    lambda x: torch.ldexp(torch.ones_like(x), x), lambda x: torch.special.exp2(x), lambda x: x.clone().exp2_(),
+    lambda x: torch.ops.aten.exp2.default(x), lambda x: torch.sigmoid(x), lambda x: torch.pow(torch.full_like(x, 2.0), x),
+], ids=["exp2", "Tensor.exp", "pow(2, x)", "2 ** x", "ldexp", "special.exp2", "exp2_", "aten", "sigmoid",
+        "pow(tensor, x)"])
+def test_the_guard_refuses_pytorchs_exponentials(route):
+    x = torch.linspace(-3, 0, 7)
+    with pytest.raises(CheatDetected, match="exponential"):
+        forbid_exponentials(route)(x)
+
+    def hides(x):                         # caught inside: still reported
+        try:
+            return route(x)
+        except CheatDetected:
+            return x
+    with pytest.raises(CheatDetected, match="caught inside"):
+        forbid_exponentials(hides)(x)
+
+
+def test_the_guard_lets_the_polynomial_and_the_bits_through():
+    exp2 = _solution()["exp2_poly"]
+    x = torch.linspace(-30, 8, 1001)
+    y = forbid_exponentials(exp2)(x)
+    assert torch.allclose(y.double(), torch.exp2(x.double()), rtol=2.0 ** -12, atol=0)
+    assert torch.equal(forbid_exponentials(lambda t: t ** 3 + t.floor() * 2)(x), x ** 3 + x.floor() * 2)
