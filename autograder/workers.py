@@ -39,7 +39,6 @@ NOTEBOOK_TIMEOUT = {
     "04_tiled_attention": 400, "05_triton_flash_attention": 600, "06_cuda_flash_attention": 900,
     "07_hopper_flash_attention": 1500, "08_backward": 1050, "09_decode_paged_kv": 600,
     "10_attention_variants": 1100, "11_interchangeable_kernels": 900, "12_ring_attention": 300,
-    "14_after_hopper": 300,
 }
 DEFAULT_NOTEBOOK_TIMEOUT = 900
 

@@ -89,7 +89,10 @@ import after_hopper_figures as ah  # noqa: E402  (the rates and the tile model t
 # authors write that BF16 tensor throughput goes from 1 to 2.25 PFLOP/s from H100 to B200 while the
 # number of special-function units stays the same, and CUTLASS's tcgen05 guide gives `tcgen05` two to
 # four times the throughput of Hopper's WGMMA, depending on the data type. The sources of each rate are in
-# `diagrams/after_hopper_figures.py`.
+# `diagrams/after_hopper_figures.py`. The MUFU rate we also measured: on an H200 a loop of independent
+# `ex2.approx.ftz.f32` gave 16.00 results a clock per SM, timed by each block's `clock64`, and a loop of fp32 FMAs
+# 123-124 of the guide's 128, its loop counter taking the rest
+# (`benchmarks/results/2026-12-04_h200_step14_unit_rates.txt`, `benchmarks/probes/unit_rates.cu`).
 
 # %%
 print(f"H100 SXM5: {ah.H100_SMS} SMs at {ah.H100_CLOCK_GHZ} GHz")

@@ -82,7 +82,8 @@ from facourse import EXP2_CASES, RESCALE_CASES, check_exp2_fn, check_rescale_fn,
 # %% nbgrader={"grade": false, "grade_id": "exp2_coefficients", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def exp2_coefficients():
     """(c1, c2, c3) of the cubic 1 + c1 f + c2 f^2 + c3 f^3 for 2^f on [0, 1], fitted to its relative error."""
-    # YOUR CODE HERE (about 4 lines; torch.exp2 is fine here, outside exp2_poly)
+    # torch.exp2 is fine here, outside exp2_poly
+    # YOUR CODE HERE (about 4 lines)
     ### BEGIN SOLUTION
     f = torch.linspace(0, 1, 4097, dtype=torch.float64)
     A = torch.stack([f, f ** 2, f ** 3], 1) / torch.exp2(f)[:, None]        # rows weighted by 1 / 2^f
@@ -107,7 +108,8 @@ print(f"c = (1, {C1:.8f}, {C2:.8f}, {C3:.8f}): largest relative error of the cub
 # %% nbgrader={"grade": false, "grade_id": "exp2_poly", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def exp2_poly(x):
     """2^x of a float32 tensor from a cubic for 2^f and the exponent bits: no exponential function."""
-    # YOUR CODE HERE (about 5 lines, with C1, C2, C3 from the cell above)
+    # C1, C2, C3: from the cell above
+    # YOUR CODE HERE (about 5 lines)
     ### BEGIN SOLUTION
     x = x.clamp(min=-127.0)                              # -inf and underflow: n + 127 = 0 gives bits 0
     n = torch.floor(x)                                   # x = n + f, f in [0, 1)
