@@ -148,3 +148,16 @@ def test_the_guard_lets_the_polynomial_and_the_bits_through():
     y = forbid_exponentials(exp2)(x)
     assert torch.allclose(y.double(), torch.exp2(x.double()), rtol=2.0 ** -12, atol=0)
     assert torch.equal(forbid_exponentials(lambda t: t ** 3 + t.floor() * 2)(x), x ** 3 + x.floor() * 2)
+
+
+@pytest.mark.gpu
+def test_the_solution_and_the_guard_on_a_gpu():
+    """The contract says any device: the checks draw their inputs on the GPU, the solution passes there, and
+    the guard sees PyTorch's exponentials on CUDA tensors too."""
+    sol = _solution()
+    for case in EXP2_CASES:
+        check_exp2_fn(forbid_exponentials(sol["exp2_poly"]), case, seed=7, device="cuda", verbose=False)
+    for case in RESCALE_CASES:
+        check_rescale_fn(sol["lazy_rescale_update"], case, seed=7, device="cuda", verbose=False)
+    with pytest.raises(CheatDetected):
+        forbid_exponentials(torch.exp2)(torch.zeros(4, device="cuda"))
