@@ -13,6 +13,11 @@
   ``RESCALE_BOUND`` of their size (room for a polynomial exp2 inside), and at the end O = acc / l against
   float64 attention.
 
+Why not ``rule.compare``: these functions are not attention, and their contract states its own bounds (a relative
+error for an approximation of 2^x, a share of the size of l and acc), not twice PyTorch's rounding; the rest of the
+rule is the same: ``guarded_call`` (NaN-filled allocations, inputs untouched), ``Mistake`` and ``diagnose``, and
+nothing decided while collecting.
+
 A failure raises :class:`FA4CheckError` (an ``AssertionError``) naming the case, the elements or rows
 and tiles, and the likely cause. Under ``rule.collecting()`` (the grading kernel) the checks call the
 function and verify nothing; the judge replays the recorded results through the same code.
