@@ -905,6 +905,16 @@ for label, r in (("no rotation", lambda x: x), ("rotated Q and K", rot)):
 # heads and down on others: in e4m3 a scale only decides where a block's largest entry lands, and every
 # entry keeps its 3 mantissa bits wherever that is (`2026-12-03_cpu_step10_fp8_fa3_table3.txt`).
 #
+# The rounding itself can be paid for with tensor-core work instead. A tensor's rounding error
+# $r = \text{e4m3}(x/s - \text{e4m3}(x/s))$ is itself an e4m3 tensor in the same scale, and $\tilde P V =
+# \tilde P V_8 + \tilde P r$: one more product on the same $\tilde P$, no more softmax. Emulated on a CPU, adding
+# $V$'s error back takes the RMSE at 8192 keys from 9.3-9.7e-3 to 6.8-7.6e-3, $Q$'s from there to 5.1-5.7e-3
+# (`2026-12-04_cpu_step10_fp8_residual.txt`). `v7_fp8_fa3`'s switch `V_RESIDUAL` does the first in the kernel,
+# $r$ stored under $V^\top$: on an H200 the RMSE on FA3's inputs fell from 9.45-9.51e-3 to 7.27-7.36e-3 at 8192
+# keys, under FA3's figure, and the speed by 25-30% (666-669 TFLOP/s at 16k non-causal against 890-932 in the same
+# run; `2026-12-04_h200_step10_fp8_v_residual.txt`): FA3's accuracy at a price its speed does not pay. The switch
+# is off.
+#
 # `v7_fp8_fa3` does this on the GPU: one fused Triton kernel per tensor reads the fp16 tile once,
 # multiplies $Q$ and $K$ tiles by diag(signs) $H_D / \sqrt{D}$ with one `tl.dot` (entries $\pm 1$, exact),
 # takes the tile's amax, and writes e4m3 and the tile's scale ($V$ goes out transposed, the layout the

@@ -9,6 +9,8 @@ the kernel run in Triton's interpreter (2026-11-27_cpu_step10_fp8_error.txt).
                                                          # and N seeds (4; 2k-8k), and the rows that carry it
     PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --table3 [S ...]   # FA3's Table 3 rows emulated
     PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --scales [N]       # rows a scale, N seeds at 8k
+    PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --residual [N]     # each tensor's rounding error
+                                                         # added back as a second e4m3 term (v7's V_RESIDUAL)
 """
 import math
 import sys
@@ -162,6 +164,33 @@ def scales(S=8192, seeds=range(8)):
     print(f"{'all seeds':>9s} " + " ".join(f"{(sum(e) / len(e)) ** 0.5:16.3e}" for e in sq.values()))
 
 
+def hi_lo(x, rows, rot=None):
+    """(hi, lo): x (times rot) in e4m3 with one scale per `rows` rows, and its rounding error in e4m3 in the same
+    scale (v7's V_RESIDUAL for V), both with the scale applied back."""
+    x = x @ rot if rot is not None else x
+    xb = x.reshape(x.shape[0], -1, rows, D)
+    amax = xb.abs().amax(dim=(2, 3), keepdim=True)
+    scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+    hi = e4m3(xb / scale)
+    return (hi * scale).reshape(x.shape), (e4m3(xb / scale - hi) * scale).reshape(x.shape)
+
+
+def residual(lengths=(2048, 8192), seeds=range(4)):
+    """v7's RMSE with the rounding error of V, of Q, of both, or of Q, K and V added back as a second e4m3 term in
+    the same scale: one more Q K^T (Q's), one more P V (V's), or both, on the tensor cores."""
+    print(f"# v7 with rounding errors added back (a second e4m3 term, same scale): one head a seed, D {D}, non-causal; "
+          f"torch {torch.__version__} on a CPU")
+    print(f"{'keys':>6s} {'seed':>4s} {'v7':>10s} {'+ V':>10s} {'+ Q':>10s} {'+ Q, V':>10s} {'+ Q, K, V':>10s}")
+    for S in lengths:
+        for seed in seeds:
+            q, k, v = inputs(S, seed)
+            ref = attention(q, k, v)
+            (qh, ql), (kh, kl), (vh, vl) = hi_lo(q, 64, R), hi_lo(k, 128, R), hi_lo(v, 128)
+            rows = [(qh, kh, vh), (qh, kh, vh + vl), (qh + ql, kh, vh), (qh + ql, kh, vh + vl),
+                    (qh + ql, kh + kl, vh + vl)]
+            print(f"{S:6d} {seed:4d} " + " ".join(f"{rmse(attention(*r, True), ref):10.2e}" for r in rows), flush=True)
+
+
 def table3(lengths=(1024, 2048, 4096, 8192, 16384), seeds=(0, 1)):
     """FA3's Table 3 (Shah et al., 2024) rows emulated on its inputs, for each length and seed, against float64
     attention of the fp32 draws (before the fp16 rounding of fa3_outlier_inputs, as FA3's FP64 reference would
@@ -189,6 +218,8 @@ if __name__ == "__main__":
         spread(*[tuple(int(a) for a in sys.argv[3:])] if sys.argv[3:] else (), seeds=range(n))
     elif sys.argv[1:2] == ["--scales"]:
         scales(seeds=range(int(sys.argv[2]) if sys.argv[2:] else 8))
+    elif sys.argv[1:2] == ["--residual"]:
+        residual(seeds=range(int(sys.argv[2]) if sys.argv[2:] else 4))
     elif sys.argv[1:2] == ["--table3"]:
         table3(*[tuple(int(a) for a in sys.argv[2:])] if sys.argv[2:] else ())
     else:

@@ -131,6 +131,14 @@ OPERAND_ORDER = True
 # the next iteration's dot takes back (P V's acc): the SASS waits for this S right after issuing it, the same loop
 # as without the switch (tests/test_step10_v9_gluon_fp8.py). Off; v9_gluon_fp8 writes the waits itself.
 AHEAD_S = False
+# V_RESIDUAL: V's rounding error as a second e4m3 tensor in the same scale, r = e4m3(v / dv - e4m3(v / dv)), stored
+# under V^T (V^T becomes [B, H, 2 D, keys]); the kernel adds P r_j to acc with one more dot per key tile, on the same
+# P, at half as much more tensor-core work and a third ring of tiles in shared memory (two stages instead of three, to
+# keep two programs an SM). On an H200 the RMSE on FA3's outlier inputs falls from 8.46-8.49e-3 to 6.90-6.93e-3 at 2048
+# keys and from 9.45-9.51e-3 to 7.27-7.36e-3 at 8192, under FA3's 9.1e-3, but the speed falls 25-30%: 666-669 TFLOP/s
+# at 16k non-causal against 890-932, 592 end to end on long against 833 (2026-12-04_h200_step10_fp8_v_residual.txt;
+# emulated on a CPU over more seeds, with Q's error added back too: 2026-12-04_cpu_step10_fp8_residual.txt). Off.
+V_RESIDUAL = False
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
 P_LOG2 = tl.constexpr(8.0)
@@ -148,6 +156,8 @@ def launch_tiles(causal, Skv):
     if causal and Skv <= SHORT_KEYS and not (FORCE_TILES or INTERPRET):
         assert SHORT_TILES[:2] == TILES[:2], "the quantisers' blocks are TILES'"
         return (*SHORT_TILES, SHORT_MAXNREG)
+    if V_RESIDUAL and not (FORCE_TILES or INTERPRET):   # a third ring (r_j): two stages keep two programs an SM
+        return (*TILES[:3], 2, 0)
     return (*tiles(), MAXNREG if FORCE_TILES else 0)
 
 
@@ -298,24 +308,34 @@ def rows_tile(X, X8, DESCALE, r, pid, bh, S, H, sxb, sxh, sxs, inv_sqrt_d,
 
 @triton.jit
 def v_tile(V, VT8, DESCALE, pid, bh, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
-           BLOCK_N: tl.constexpr, DSTRIDE: tl.constexpr = 1, ORDER: tl.constexpr = False):
+           BLOCK_N: tl.constexpr, DSTRIDE: tl.constexpr = 1, ORDER: tl.constexpr = False, RESID: tl.constexpr = False):
     """Tile pid of BLOCK_N keys of (batch x head) bh of V [B, H, S, D] (strides svb, svh, svs, 1),
     stored e4m3 transposed into VT8 [B, H, D, S_PAD] (keys contiguous), its descale into DESCALE
-    [B, H, cdiv(S, BLOCK_N)]; a tile past S stores nothing."""
+    [B, H, cdiv(S, BLOCK_N)]; a tile past S stores nothing. RESID: VT8 is [B, H, 2 D, S_PAD], its rows D..2D-1
+    V's rounding error in the same scale (V_RESIDUAL)."""
     b, h = bh // H, bh % H
     keys = pid * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
     cols = tl.arange(0, D)[None, :]
     v = tl.load(V + b.to(tl.int64) * svb + h * svh + keys * svs + cols, mask=keys < S, other=0.0).to(tl.float32)
     amax = tl.max(tl.max(tl.abs(v), 1), 0)
     descale = tl.where(amax > 0, amax / 448.0, 1.0)
-    v8t = to_e4m3(tl.trans(v / descale), EXACT)                     # [D, BLOCK_N]
+    vs = tl.trans(v / descale)
+    v8t = to_e4m3(vs, EXACT)                                        # [D, BLOCK_N]
     keys_t = pid * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     if ORDER:                                                       # whole groups of 32, zeros past S
-        v8t = operand_ordered(v8t, D, BLOCK_N)
         stored = keys_t < tl.cdiv(S, 32) * 32
     else:
         stored = keys_t < S
-    tl.store(VT8 + bh.to(tl.int64) * D * S_PAD + tl.arange(0, D)[:, None] * S_PAD + keys_t, v8t, mask=stored)
+    rows = 2 * D if RESID else D
+    at_v = VT8 + bh.to(tl.int64) * rows * S_PAD + tl.arange(0, D)[:, None] * S_PAD + keys_t
+    if RESID:                                                       # r = e4m3(v / dv - e4m3(v / dv)), same scale
+        r8t = to_e4m3(vs - v8t.to(tl.float32), EXACT)
+        if ORDER:
+            r8t = operand_ordered(r8t, D, BLOCK_N)
+        tl.store(at_v + D * S_PAD, r8t, mask=stored)
+    if ORDER:
+        v8t = operand_ordered(v8t, D, BLOCK_N)
+    tl.store(at_v, v8t, mask=stored)
     at = (bh * tl.cdiv(S, BLOCK_N) + pid) * DSTRIDE
     tl.store(DESCALE + at, descale, mask=pid < tl.cdiv(S, BLOCK_N))
     if DSTRIDE == 4:                                                # the paired record's 1 / dv
@@ -335,11 +355,12 @@ def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
 
 @triton.jit
 def quant_v(V, VT8, DESCALE, S, H, svb, svh, svs, S_PAD, EXACT: tl.constexpr, D: tl.constexpr,
-            BLOCK_N: tl.constexpr, TILES: tl.constexpr, DSTRIDE: tl.constexpr = 1, ORDER: tl.constexpr = False):
+            BLOCK_N: tl.constexpr, TILES: tl.constexpr, DSTRIDE: tl.constexpr = 1, ORDER: tl.constexpr = False,
+            RESID: tl.constexpr = False):
     """V alone: grid (cdiv(S, TILES * BLOCK_N), B * H), TILES consecutive v_tile each."""
     for g in tl.static_range(TILES):
         v_tile(V, VT8, DESCALE, tl.program_id(0) * TILES + g, tl.program_id(1), S, H, svb, svh, svs, S_PAD, EXACT,
-               D, BLOCK_N, DSTRIDE, ORDER)
+               D, BLOCK_N, DSTRIDE, ORDER, RESID)
 
 
 @triton.jit
@@ -370,10 +391,11 @@ def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
 def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr,
-                PAIRED: tl.constexpr, ORDER: tl.constexpr, AHEAD: tl.constexpr = False):
+                PAIRED: tl.constexpr, ORDER: tl.constexpr, AHEAD: tl.constexpr = False, RESID: tl.constexpr = False):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
     head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max).
-    AHEAD: each tile's Q K^T written a tile early, before the previous tile's softmax (AHEAD_S)."""
+    AHEAD: each tile's Q K^T written a tile early, before the previous tile's softmax (AHEAD_S).
+    RESID: V's rounding error, rows D..2D-1 of V^T, added by a second P V dot (V_RESIDUAL)."""
     if AHEAD:
         s_next = dot(q, K.load([b, h_kv, lo, 0]).reshape(BLOCK_N, D).T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
                      EXACT)
@@ -424,6 +446,8 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
             acc = dot(p, vT.T, acc, EXACT)
         else:
             acc = dot(p, vT.T, acc * (alpha * ratio)[:, None], EXACT)
+            if RESID:                                               # + P r_j: V's rounding error, same scale
+                acc = dot(p, VT.load([b, h_kv, D, start_n]).reshape(D, BLOCK_N).T, acc, EXACT)
             dv_prev = dv
         m_i = m_new
     return acc, m_i, l_i, dv_prev
@@ -434,7 +458,7 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
                   LAZY: tl.constexpr, PAIRED: tl.constexpr = False, ORDER: tl.constexpr = False,
-                  AHEAD: tl.constexpr = False):
+                  AHEAD: tl.constexpr = False, RESID: tl.constexpr = False):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -458,10 +482,10 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
                                          Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
-                                         PAIRED, ORDER, AHEAD)
+                                         PAIRED, ORDER, AHEAD, RESID)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
                                          Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
-                                         PAIRED, ORDER)
+                                         PAIRED, ORDER, False, RESID)
 
     o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
     o = o * dv_prev                                                 # acc was in units of the last dv (LAZY: dv_max)
@@ -487,7 +511,8 @@ def v_out(v, block, order):
     that TMA reads it in place; in operand order [B, H, D, vt_keys(S)], whole groups of 32 keys."""
     B, H, S, D = v.shape
     s_pad = vt_keys(S, True) if order else -(-S // 16) * 16
-    return (torch.empty((B, H, D, s_pad), device=v.device, dtype=torch.float8_e4m3fn)[..., :vt_keys(S, order)],
+    rows = 2 * D if V_RESIDUAL else D                               # V's rounding error under V^T
+    return (torch.empty((B, H, rows, s_pad), device=v.device, dtype=torch.float8_e4m3fn)[..., :vt_keys(S, order)],
             torch.empty((B, H, triton.cdiv(S, block)), device=v.device, dtype=torch.float32), s_pad)
 
 
@@ -526,13 +551,21 @@ def quantize_v_transposed(v, block, descale=None, operand_order=None):
     if S and B * H:
         quant_v[(triton.cdiv(S, QUANT_TILES * block), B * H)](v, v8t, descale, S, H, v.stride(0), v.stride(1),
                                                               v.stride(2), s_pad, EXACT_ROUND, D, block, QUANT_TILES,
-                                                              descale.stride(-1), order, **quant_launch())
+                                                              descale.stride(-1), order, V_RESIDUAL, **quant_launch())
     return v8t, descale
 
 
 def transpose_v(v8, operand_order=None):
     """V^T as the kernel reads it (quantize_v_transposed's layout), from v8 [B, H, S, D]: keys contiguous, in
     operand order (operand_ordered) when operand_order (default OPERAND_ORDER)."""
+    if V_RESIDUAL:      # v8 alone has no rounding error to add: zeros under V^T, the layout for the timing
+        vt = transpose_v_rows(v8, operand_order)
+        return torch.cat([vt, torch.zeros_like(vt)], dim=-2)
+    return transpose_v_rows(v8, operand_order)
+
+
+def transpose_v_rows(v8, operand_order=None):
+    """transpose_v without V_RESIDUAL's rows."""
     if not (OPERAND_ORDER if operand_order is None else operand_order):
         return v8.transpose(-1, -2).contiguous()
     B, H, S, D = v8.shape
@@ -559,7 +592,7 @@ def quantize_qkv(q, k, v, operand_order=None, paired=None):
     BLOCK_M, BLOCK_N = tiles()[:2]
     order = OPERAND_ORDER if operand_order is None else operand_order
     rec = descale_records(k) if (PAIRED_DESCALES if paired is None else paired) else None
-    if not ONE_LAUNCH:
+    if not ONE_LAUNCH or V_RESIDUAL:                                 # (quant_qkv writes no residual)
         q8, dq = quantize_rows(q, BLOCK_M, True)
         k8, dk = quantize_rows(k, BLOCK_N, True, None if rec is None else rec[..., 0])
         v8t, dv = quantize_v_transposed(v, BLOCK_N, None if rec is None else rec[..., 1], order)
@@ -604,7 +637,8 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     Hkv, Skv = k8.shape[1], k8.shape[2]
     order = OPERAND_ORDER if operand_order is None else operand_order
     assert v8t.shape[-1] == vt_keys(Skv, order), f"v8t {tuple(v8t.shape)}: {vt_keys(Skv, order)} keys (order {order})"
-    scale, o, lse = v5.outputs(q8, k8, v8t[..., :Skv], scale, out_dtype)
+    assert v8t.shape[-2] == (2 * D if V_RESIDUAL else D), f"v8t {tuple(v8t.shape)}: V_RESIDUAL {V_RESIDUAL}"
+    scale, o, lse = v5.outputs(q8, k8, v8t[..., :D, :Skv], scale, out_dtype)
     if Sq == 0 or Skv == 0:
         return o, lse
     BLOCK_M, BLOCK_N, num_warps, num_stages, maxnreg = launch_tiles(causal, Skv)
@@ -623,7 +657,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
         descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, AHEAD_S, **launch)
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, AHEAD_S, V_RESIDUAL, **launch)
     return o, lse
 
 
