@@ -80,8 +80,8 @@ _KV_COPY_CAUSE = ("K and V copied once per query head (GQA expanded outside the 
 _ATEN_EXP = {"aten::exp", "aten::exp2", "aten::expm1", "aten::special_exp2", "aten::special_expm1", "aten::ldexp",
              "aten::float_power", "aten::sigmoid", "aten::special_expit", "aten::tanh", "aten::sinh", "aten::cosh",
              "aten::logsumexp", "aten::logaddexp", "aten::logaddexp2", "aten::softplus", "aten::elu", "aten::celu",
-             "aten::selu", "aten::silu", "aten::mish", "aten::gelu", "aten::erf", "aten::erfc", "aten::polar",
-             "aten::frexp"} | set(_ATEN_SOFTMAX)
+             "aten::selu", "aten::silu", "aten::mish", "aten::gelu", "aten::erf", "aten::erfc", "aten::polar"} \
+    | set(_ATEN_SOFTMAX)
 _EXP_CAUSE = ("this exercise computes 2^x itself, as FlashAttention-4 does on the FMA pipes: the range reduction, "
               "a polynomial for 2^f and the exponent bits. PyTorch's exponentials (exp, exp2, pow with a tensor "
               "exponent, ldexp, sigmoid, ...) may not be called from it")
