@@ -242,12 +242,13 @@ class MatmulFlops(_LazyDynamoMode):
 
 @contextlib.contextmanager
 def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
-                                  allow_softmax: bool = False, forbid_matmul: bool = False, kv=None, budget=None):
+                                  allow_softmax: bool = False, forbid_matmul: bool = False, kv=None, budget=None,
+                                  forbid_exp: bool = False):
     """While the block runs, PyTorch's attention (and a softmax over all ``skv`` keys unless
     ``allow_softmax``) raises :class:`CheatDetected`; a hidden violation is raised at the end. With
     ``kv`` (the call's k and v) and ``budget`` (bytes), so does copying K or V into something larger, or
-    allocating more than ``budget`` bytes of new tensors in all."""
-    watch = _Watch(name, skv, allow_softmax, forbid_matmul, kv, budget)
+    allocating more than ``budget`` bytes of new tensors in all; with ``forbid_exp``, any PyTorch exponential."""
+    watch = _Watch(name, skv, allow_softmax, forbid_matmul, kv, budget, forbid_exp)
     mha = torch.nn.MultiheadAttention.forward
 
     def forbidden_mha(*args, **kwargs):
@@ -302,12 +303,8 @@ def forbid_exponentials(fn):
 
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
-        watch = _Watch(name, 0, True, forbid_exp=True)
-        with _DispatchGuard(watch):
-            out = fn(*args, **kwargs)
-        if watch.violations:
-            raise CheatDetected(watch.violations[0] + "\n  (the error was caught inside the function; it still counts)")
-        return out
+        with framework_attention_forbidden(name, allow_softmax=True, forbid_exp=True):
+            return fn(*args, **kwargs)
 
     return guarded
 
