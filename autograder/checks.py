@@ -25,6 +25,7 @@ from facourse.fa4 import check_exp2_fn, check_rescale_fn
 from facourse.interchange import (check_definition, check_definition_reference, check_routing,
                                   check_traces)
 from facourse.ring import check_merge_partials, check_ring
+from facourse.serving import check_paged_prefill, check_varlen
 from facourse.tilelang_kernels import check_tilelang_cpu
 from facourse.variants import check_block_mask, check_perf_variant, check_tile_lists, check_variant
 
@@ -128,6 +129,8 @@ CHECKS = {
     "gradcheck": adapt(gradcheck_forward_backward),
     "perf_gradients": perf_gradients,
     "paged": adapt(check_paged_decode),
+    "varlen": adapt(check_varlen),
+    "paged_prefill": adapt(check_paged_prefill),
     "paged_bad_inputs": adapt(check_paged_bad_inputs),
     "variant": adapt(check_variant),
     "block_mask": adapt(check_block_mask),

@@ -337,6 +337,27 @@ def _step14() -> dict[str, Test]:
     return {**{f"test_exp2_{c}": t for c, t in exp2.items()}, **{f"test_rescale_{c}": t for c, t in rescale.items()}}
 
 
+def _step15() -> dict[str, Test]:
+    guard = _TRITON_KERNEL
+    v = functools.partial(_on_cases, "varlen", guard)
+    p = functools.partial(_on_cases, "paged_prefill", guard)
+    return {
+        # the same batch with logits in the hundreds: an exponential that skips the running max overflows
+        "test_packed": Test((Check("varlen", {"case": "packed"}), Check("varlen", {"case": "packed", "logit_scale": 64.0}),
+                             Check("varlen", {"case": "packed", "scale": 0.05})), guard=guard),
+        "test_noncausal": v("noncausal"),
+        "test_prefix": v("prefix"),
+        "test_empty_rows": v("empty_rows"),
+        "test_gqa_d64": v("mqa", "d64"),
+        "test_chunks": p("chunks"),
+        "test_page48": p("page48"),
+        "test_shared_prefix": p("shared_prefix"),
+        "test_paged_d64": p("paged_d64"),
+        "test_bf16": v("packed", "prefix", needs="gpu", dtype="bfloat16"),
+        "test_paged_bf16": p("chunks", "page48", needs="gpu", dtype="bfloat16"),
+    }
+
+
 PLANS = {
     "01_vanilla_attention": _step01,
     "02_safe_softmax": _step02,
@@ -351,6 +372,7 @@ PLANS = {
     "11_interchangeable_kernels": _step11,
     "12_ring_attention": _step12,
     "14_after_hopper": _step14,
+    "15_serving": _step15,
 }
 
 

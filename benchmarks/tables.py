@@ -73,7 +73,7 @@ def newest_with_methods(step: str) -> tuple[str, dict] | None:
 def measured() -> dict:
     """course/results/measured.json: what the lectures show, from the committed results."""
     out = {}
-    for step in ("05", "06", "07", "08", "09", "10", "12"):
+    for step in ("05", "06", "07", "08", "09", "10", "12", "15"):
         try:
             name, d = latest(step)
         except FileNotFoundError:
@@ -237,6 +237,8 @@ TABLES = {
     "step11_flashinfer": step11_flashinfer,
     "step12": lambda: R.table(_m("12")),
     "step12_source": lambda: source("12"),
+    "step15": lambda: R.table(_m("15")),
+    "step15_source": lambda: source("15"),
 }
 
 

@@ -687,6 +687,11 @@ from after_hopper_figures import FIGURES as _AFTER_HOPPER_FIGURES  # noqa: E402
 
 FIGURES.update(_AFTER_HOPPER_FIGURES)
 
+# Step 15's figures: packed variable-length batches, one chunked-prefill batch, MLA's absorption.
+from serving_figures import FIGURES as _SERVING_FIGURES  # noqa: E402
+
+FIGURES.update(_SERVING_FIGURES)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

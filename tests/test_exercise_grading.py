@@ -46,6 +46,7 @@ MODULES = (
     "test_exercise_step11",             # 11_interchangeable_kernels
     "test_exercise_step12",             # 12_ring_attention
     "test_exercise_step14",             # 14_after_hopper
+    "test_exercise_step15",             # 15_serving
 )
 
 

@@ -481,3 +481,17 @@ def test_lecture_14_holds_no_line_of_exercise_14s_solution():
     assert not found, f"lecture 14 holds exercise 14's answer lines: {found}"
     defined = {n.name for n in ast.parse(lecture.read_text(encoding="utf-8")).body if isinstance(n, ast.FunctionDef)}
     assert not defined & {"exp2_poly", "lazy_rescale_update", "exp2_coefficients"}, defined
+
+
+# ----------------------------------------------------------------------------- lecture 15 -> exercise 15
+def test_lecture_15_holds_no_line_of_exercise_15s_solution():
+    """Lecture 15 packs, pages and chunks sequences with PyTorch loops; no line of exercise 15's answers (the
+    key-row lookup, the kernel, the launches) appears in it, code or prose, and it defines no entry point."""
+    answer = exercise_11_answer_lines(ROOT / "solutions" / "15_serving" / "15_serving.pct.py")
+    assert len(answer) >= 30, answer             # the regions were found: the test checks something
+    lecture = ROOT / "course" / "15_serving.pct.py"
+    text = " ".join(_normalised(ln.lstrip("# ")) for ln in lecture.read_text(encoding="utf-8").splitlines())
+    found = [ln for ln in answer if ln in text]
+    assert not found, f"lecture 15 holds exercise 15's answer lines: {found}"
+    defined = {n.name for n in ast.parse(lecture.read_text(encoding="utf-8")).body if isinstance(n, ast.FunctionDef)}
+    assert not defined & {"varlen_attention", "paged_prefill", "kv_offsets", "serving_kernel"}, defined

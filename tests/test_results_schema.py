@@ -59,7 +59,7 @@ def test_a_kind_module_is_one_registry_line():
         assert kinds.get(name).name == name and module.endswith("." + name)
     assert kinds.get(None) is kinds.get("forward")
     with pytest.raises(KeyError, match="no step kind"):
-        kinds.get("varlen")
+        kinds.get("no_such_kind")
 
 
 def test_kinds_count_the_work_the_judge_always_counted():

@@ -74,10 +74,10 @@ STEPS = {"01": "01_vanilla_attention", "02": "02_safe_softmax", "03": "03_online
          "04": "04_tiled_attention", "05": "05_triton_flash_attention", "06": "06_cuda_flash_attention",
          "07": "07_hopper_flash_attention", "08": "08_backward", "09": "09_decode_paged_kv",
          "10": "10_attention_variants", "11": "11_interchangeable_kernels", "12": "12_ring_attention",
-         "14": "14_after_hopper"}
+         "14": "14_after_hopper", "15": "15_serving"}
 STUDENTS = ("correct", "stub", "bug", "slow")
 # The steps graded from the demo's samples: which sample student plays which part
-SAMPLE_STEPS = ("01", "02", "03", "04", "08", "09", "10", "11", "12", "14")
+SAMPLE_STEPS = ("01", "02", "03", "04", "08", "09", "10", "11", "12", "14", "15")
 SAMPLE_OF = {"correct": "alice", "stub": "bob", "bug": "carol"}
 # The planted bug of each step: (test module, its table, the row)
 BUG = {"05": ("test_triton_step05", "PLANTED", "top_left_causal"),
@@ -90,7 +90,7 @@ EST = {"05": {"correct": 75, "stub": 30, "bug": 75, "slow": 90},
        "07": {"correct": 180, "stub": 110, "bug": 180, "slow": 200},
        # the samples: their CPU seconds (autograder/README.md) plus the GPU tests and perf cells
        **{k: {"correct": 20, "stub": 15, "bug": 20} for k in ("01", "02", "03", "04", "12", "14")},
-       **{k: {"correct": 60, "stub": 20, "bug": 60} for k in ("08", "09", "10", "11")}}
+       **{k: {"correct": 60, "stub": 20, "bug": 60} for k in ("08", "09", "10", "11", "15")}}
 RELEASE_S = 25          # an autograde process: imports and nbgrader's release of one assignment
 RESERVE_S = 35          # the report and the archives at the end
 SLOW = {

@@ -26,9 +26,11 @@ REGISTRY = {
     "variant": "facourse.kinds.variant",
     "fp8": "facourse.kinds.fp8",
     "ring": "facourse.kinds.ring",
+    "varlen": "facourse.kinds.varlen",
+    "paged_prefill": "facourse.kinds.paged_prefill",
 }
-#: A rung whose entry point is a kind of its own inside its step (step 10's FP8 forward).
-ENTRY_POINTS = {"flash_attention_fp8": "fp8"}
+#: A rung whose entry point is a kind of its own inside its step (step 10's FP8 forward, step 15's paged prefill).
+ENTRY_POINTS = {"flash_attention_fp8": "fp8", "paged_prefill": "paged_prefill"}
 DEFAULT = "forward"
 
 
