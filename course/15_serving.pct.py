@@ -195,7 +195,7 @@ assert torch.allclose(o_mask, o_loop, atol=1e-12)
 # **The grid.** The exercise's kernel keeps step 05's grid with the batch axis over sequences:
 # $(\lceil L^q_{\max} / B_M \rceil, B, H_q)$. Program $(m, b, h)$ reads `cu_seqlens_q[b]`,
 # `cu_seqlens_q[b+1]` (and the same of `cu_seqlens_k`); if $m B_M \ge L^q_b$ its tile is past the end and
-# it returns; otherwise it offsets its pointers by the sequence's start and runs step 05's loop over
+# it does nothing; otherwise it offsets its pointers by the sequence's start and runs step 05's loop over
 # $L^k_b$ keys, masking the rows and keys past the ends.
 #
 # **Why `max_seqlen` is an argument.** The grid's size is decided on the host, before the launch. The
@@ -217,11 +217,11 @@ print(f"grid ({n_m}, {len(LENS)}, 32): {launched} programs, {working} with a til
       f"{launched - working} ({1 - working / launched:.0%}) exit at once")
 mean_keys = sum(math.ceil(L / BLOCK_M) * L for L in LENS) / sum(math.ceil(L / BLOCK_M) for L in LENS)
 print(f"a working program: {BLOCK_M} rows x {mean_keys:.0f} keys on average (non-causal) = "
-      f"{4 * BLOCK_M * mean_keys * 128 / 1e6:.0f} MFLOP at d = 128; an idle one: two int32 loads and a return")
+      f"{4 * BLOCK_M * mean_keys * 128 / 1e6:.0f} MFLOP at d = 128; an idle one: two int32 loads and no loop")
 
 # %% [markdown]
 # Most programs are idle, and it barely matters: an idle program costs a launch slot, two small loads
-# (the same `cu_seqlens` entries all its neighbours read, from L2) and a return, while a working one
+# (the same `cu_seqlens` entries all its neighbours read, from L2) and a loop that runs zero times, while a working one
 # does tens of millions of FLOPs. What the grid does not control is **order**. Programs start roughly in
 # the order of their index (GPUs tend to do that; CUDA promises nothing), so the long tiles of the
 # longest sequence may start last and run alone at the end while the other SMs wait.
@@ -230,7 +230,7 @@ print(f"a working program: {BLOCK_M} rows x {mean_keys:.0f} keys on average (non
 # (sequence, tile index, head), sorts it by work, and a persistent kernel walks it, longest first.
 # Graham (1969) showed this longest-processing-time-first rule finishes within $4/3$ of the best
 # possible schedule. FlashAttention-3's Hopper kernels do this (`hopper/tile_scheduler.hpp` and
-# `flash_prepare_scheduler.cu` at the commit read: persistent programs take tiles from a counter,
+# `flash_prepare_scheduler.cu`: persistent programs take tiles from a counter,
 # longest first for causal masks, with a varlen variant that can sort sequences by their work).
 #
 # A model of it, said as one: one program per SM at a time, 132 SMs, a program's time proportional to
