@@ -22,7 +22,7 @@ label, path, packed = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 m = runpy.run_path(path, run_name="rung")
 c = serving.get_serving_case("chunked_p16", "cuda")
 inp = serving.make_serving_inputs(c, 0, "cuda", torch.float16)
-k, v, cu_k, max_k = serving._packed_kv(inp)
+k, v, cu_k, max_k = serving.packed_kv(inp)
 ref = serving.varlen_reference(True)
 q = inp.q.contiguous()
 rk, rv = ref.prepare(k, v, q.shape[1])
@@ -49,5 +49,7 @@ RUNS = [("v2 paged 128,128,8,2", V2, "0", {}),
         ("v2 varlen, keys packed, 128,128,8,2", V2, "1", {"SERVING_TILES": "128,128,8,2"})]
 
 if __name__ == "__main__":
-    for label, path, packed, env in RUNS:
+    # ORDER=a,b,...: the rows of RUNS to run, by index, in that order (a row may repeat)
+    order = [int(i) for i in os.environ["ORDER"].split(",")] if os.environ.get("ORDER") else range(len(RUNS))
+    for label, path, packed, env in (RUNS[i] for i in order):
         subprocess.run([sys.executable, "-c", ONE, label, path, packed], cwd=ROOT, env={**os.environ, **env}, check=False)

@@ -93,8 +93,8 @@ def kv_offsets(TABLE, b, offs_n, inside, k_start, stb, page_size, page_stride, r
 #
 # Program `(m_block, b, h)` owns queries `m_block * BLOCK_M` to `m_block * BLOCK_M + BLOCK_M - 1` of
 # sequence `b` and query head `h`. Read `q_start` and `Lq` from `CU_Q`; `Lk` (and `k_start`) from `CU_K`, or
-# `Lk = LENS[b]` and `k_start = 0` when `PAGED`. A tile that starts at or past `Lq` does no work (walk no key
-# tile: a `return` inside a data-dependent branch is not what every Triton version compiles). Load the tile of
+# `Lk = LENS[b]` and `k_start = 0` when `PAGED`. A tile that starts at or past `Lq` does no work: give it an
+# empty key range (its loads and stores are masked off by `offs_m < Lq` anyway). Load the tile of
 # `q` (masked), walk the key tiles `BLOCK_N` at a time up to `Lk` (causal: up to where the tile's last row
 # can see, `(m_block + 1) * BLOCK_M + Lk - Lq`, no further), with every load masked by `offs_n < Lk`, the
 # scores masked by the causal rule, and the online softmax in base 2 (`qk_scale` is `scale * log2(e)`).

@@ -726,7 +726,7 @@ def varlen_reference(causal: bool = True):
     return fn
 
 
-def _packed_kv(inp: PagedPrefillInputs):
+def packed_kv(inp: PagedPrefillInputs):
     """A paged batch's K/V as packed ``[total_k, Hkv, D]`` tensors and their offsets (the reference's input)."""
     ks, vs = zip(*(gather_kv(inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens, b)
                    for b in range(inp.seq_lens.shape[0])))
@@ -756,7 +756,7 @@ def bench_serving(fn, case: str | ServingCase = "prefill_mix", *, backend: str =
     ref = varlen_reference(c.causal)
     q = inp.q.contiguous()
     if c.paged:
-        k, v, cu_k, max_k = _packed_kv(inp)
+        k, v, cu_k, max_k = packed_kv(inp)
         student = (lambda: fn(*inp))
     else:
         k, v, cu_k, max_k = inp.k.contiguous(), inp.v.contiguous(), inp.cu_seqlens_k, inp.max_seqlen_k
@@ -776,4 +776,4 @@ def bench_serving(fn, case: str | ServingCase = "prefill_mix", *, backend: str =
 __all__ = ["ServingCase", "SERVING_CASES", "CPU_SERVING_CASES", "PERF_SERVING_CASES", "VARLEN_CASES", "PAGED_CASES",
            "VarlenInputs", "PagedPrefillInputs", "cu_seqlens", "make_serving_inputs", "serving_reference",
            "validate_varlen_inputs", "validate_paged_prefill_inputs", "check_serving_result", "check_varlen",
-           "check_paged_prefill", "varlen_reference", "bench_serving", "get_serving_case", "serving_profile"]
+           "check_paged_prefill", "varlen_reference", "packed_kv", "bench_serving", "get_serving_case", "serving_profile"]
