@@ -1,6 +1,6 @@
 """The paged-prefill kind (step 15's second entry point): ``paged_prefill(q, k_cache, v_cache, block_table,
 cu_seqlens_q, seq_lens, max_seqlen_q)``, new tokens of each sequence against step 09's paged cache; the varlen
-kind's bench and grading, its own cases (the reference reads the same keys gathered into packed rows)."""
+kind's bench, its own cases and perf case (the reference reads the same keys gathered into packed rows)."""
 from __future__ import annotations
 
 from .varlen import Varlen
