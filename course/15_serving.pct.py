@@ -599,7 +599,9 @@ print(f"prefill, per (query, key) pair and head: explicit {2 * (128 + 64) + 2 * 
 # same batch. `prefill_mix` is sixteen prompts packed end to end, causal; `chunked_p16` is one step of
 # continuous batching: eight chunks of 2048 new tokens over caches of 2k to 18k tokens and 32 one-token
 # decodes, pages of 16. The v1 rows are the exercise's solution (section 2's grid, every tile masked); v2 adds
-# step 05's causal split, starts each column with its last (longest) query tile and takes its tiles from a sweep.
+# step 05's causal split, starts each column with its last (longest) query tile and takes its tiles from a sweep;
+# v3 makes the page size a compile-time constant, so that finding a key's page and row costs a shift and a mask
+# instead of an integer division (which a GPU does in software).
 # The paged batch is the harder one for a program per query tile: its chunks see up to 18k keys while its
 # decodes fill 128-row tiles with one row each, and its keys are found one row at a time through the block table.
 

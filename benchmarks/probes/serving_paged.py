@@ -46,7 +46,8 @@ RUNS = [("v2 paged 128,128,8,2", V2, "0", {}),
         ("v3 paged 128,64,8,3 prefetch", V3, "0", {"SERVING_PREFETCH": "1", "SERVING_TILES": "128,64,8,3"}),
         ("v3 paged 128,32,4,3 prefetch", V3, "0", {"SERVING_PREFETCH": "1", "SERVING_TILES": "128,32,4,3"}),
         ("v2 varlen, keys packed, 128,32,4,3", V2, "1", {}),
-        ("v2 varlen, keys packed, 128,128,8,2", V2, "1", {"SERVING_TILES": "128,128,8,2"})]
+        ("v2 varlen, keys packed, 128,128,8,2", V2, "1", {"SERVING_TILES": "128,128,8,2"}),
+        ("v3 paged 128,64,8,3 no prefetch", V3, "0", {"SERVING_PREFETCH": "0", "SERVING_TILES": "128,64,8,3"})]
 
 if __name__ == "__main__":
     # ORDER=a,b,...: the rows of RUNS to run, by index, in that order (a row may repeat)

@@ -1,7 +1,7 @@
 """A probe of step 15 (serving_paged.py, serving_paged_ab.py), not a rung: v2_split_tiles with the page size a
 compile-time constant (no runtime integer division per key) and a switch PREFETCH (SERVING_PREFETCH=1: the next
 key tile's pages looked up one iteration ahead). Measured: benchmarks/results/2026-12-04_h200_step15_paged_probes.txt
-(beside v2 in one process, no faster).
+(it pays at 128 x 128 tiles with 2 stages: ladder rung v3_paged).
 """
 import math
 import os

@@ -84,7 +84,9 @@ def serving_kernel_v2(Q, K, V, O, LSE, CU_Q, CU_K, LENS, TABLE,
                       sqt, sqh, skp, skr, skh, svp, svr, svh, sot, soh, stb, page_size,
                       total_q, qk_scale, G,
                       CAUSAL: tl.constexpr, PAGED: tl.constexpr, PAGE_TILES: tl.constexpr, D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_CONST: tl.constexpr = 0):
+    if PAGE_CONST > 0:                                       # v3: the page size known to the compiler
+        page_size = PAGE_CONST
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)      # the last (longest causal) tiles first
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -128,9 +130,10 @@ def serving_kernel_v2(Q, K, V, O, LSE, CU_Q, CU_K, LENS, TABLE,
     tl.store(LSE + h.to(tl.int64) * total_q + q_start + offs_m, lse, mask=live)
 
 
-def _launch(q, K, V, cu_q, cu_k, lens, table, kv_strides, stb, page_size, max_seqlen_q, Hkv, causal, paged, scale):
+def _launch(q, K, V, cu_q, cu_k, lens, table, kv_strides, stb, page_size, max_seqlen_q, Hkv, causal, paged, scale,
+            tiles=TILES, page_const=False):
     total_q, Hq, D = q.shape
-    BM, BN, warps, stages = TILES[paged]
+    BM, BN, warps, stages = tiles[paged]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     o = torch.empty_like(q)
     lse = torch.empty((Hq, total_q), device=q.device, dtype=torch.float32)
@@ -138,7 +141,8 @@ def _launch(q, K, V, cu_q, cu_k, lens, table, kv_strides, stb, page_size, max_se
     serving_kernel_v2[grid](q, K, V, o, lse, cu_q, cu_k, lens, table, q.stride(0), q.stride(1), *kv_strides,
                             o.stride(0), o.stride(1), stb, page_size, total_q, scale * LOG2E, Hq // Hkv,
                             CAUSAL=causal, PAGED=paged, PAGE_TILES=paged and page_size % BN == 0, D=D,
-                            BLOCK_M=BM, BLOCK_N=BN, **({} if INTERPRET else {"num_warps": warps, "num_stages": stages}))
+                            BLOCK_M=BM, BLOCK_N=BN, PAGE_CONST=page_size if page_const and paged else 0,
+                            **({} if INTERPRET else {"num_warps": warps, "num_stages": stages}))
     return o, lse
 
 
@@ -149,11 +153,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                    k.shape[1], causal, False, scale)
 
 
-def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, scale=None):
+def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, scale=None, **how):
     validate_paged_prefill_inputs(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, scale)
     strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
     return _launch(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_q, seq_lens, block_table, strides,
-                   block_table.stride(0), k_cache.shape[1], max_seqlen_q, k_cache.shape[2], True, True, scale)
+                   block_table.stride(0), k_cache.shape[1], max_seqlen_q, k_cache.shape[2], True, True, scale, **how)
 
 
 if __name__ == "__main__":
