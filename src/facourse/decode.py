@@ -220,20 +220,24 @@ def gather_kv(k_cache, v_cache, block_table, seq_lens, b: int):
     return k.transpose(0, 1), v.transpose(0, 1)
 
 
-def _attend(q, k, v, scale, dtype, head_map=None, align="bottom_right", L=None):
-    """One sequence: q [Hq, Sq, D], k, v [Hkv, n, D] -> o [Hq, Sq, D], lse [Hq, Sq] in ``dtype``; keys
-    from ``L`` on (the sequence's length, n by default) are loaded but masked."""
+def attend_sequence(q, k, v, scale, dtype, head_map=None, align="bottom_right", hi=None, lo=0):
+    """One sequence: q [Hq, Sq, D], k, v [Hkv, n, D] -> o [Hq, Sq, D], lse [Hq, Sq] in ``dtype``. Keys
+    ``lo <= j < hi`` (hi: n) are visible, the others loaded but masked; ``align`` the causal rule:
+    "bottom_right" (j <= i + hi - Sq), "top_left" (j <= i) or None (shared with facourse.serving)."""
     Hq, Sq, _ = q.shape
     Hkv, n, _ = k.shape
-    L = n if L is None else L
+    hi = n if hi is None else hi
     idx = (kv_head_index(Hq, Hkv) if head_map is None else head_map).to(q.device)
     qd, kd, vd = q.to(dtype), k.to(dtype).index_select(0, idx), v.to(dtype).index_select(0, idx)
     s = torch.matmul(qd, kd.transpose(-1, -2)) * scale                       # [Hq, Sq, n]
     i = torch.arange(Sq, device=q.device)[:, None]
     j = torch.arange(n, device=q.device)[None, :]
-    if align is not None or L < n:
-        visible = (j <= i + (L - Sq) if align == "bottom_right" else j <= i if align == "top_left" else j >= 0) & (j < L)
-        s = s.masked_fill(~visible, float("-inf"))
+    visible = (j < hi) & (j >= lo)
+    if align == "bottom_right":
+        visible = visible & (j <= i + (hi - Sq))
+    elif align == "top_left":
+        visible = visible & (j <= i)
+    s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1) if n else torch.full((Hq, Sq), float("-inf"), dtype=dtype, device=q.device)
     p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
     return torch.matmul(p, vd), lse
@@ -256,7 +260,7 @@ def paged_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, *, d
     outs, lses = [], []
     for b in range(B):
         k, v = gather_kv(k_cache, v_cache, table, seq_lens if lens is None else lens, b)
-        o, lse = _attend(q[b], k, v, scale, dtype, head_map, align, None if keys_to is None else int(keys_to[b]))
+        o, lse = attend_sequence(q[b], k, v, scale, dtype, head_map, align, None if keys_to is None else int(keys_to[b]))
         outs.append(o)
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses).float()

@@ -33,7 +33,7 @@ import torch
 
 from .bench import BenchResult
 from .configs import default_dtype, resolve_device
-from .decode import DecodeCase, gather_kv, make_paged_inputs, pages_needed
+from .decode import DecodeCase, attend_sequence, gather_kv, make_paged_inputs, pages_needed
 from .hw import gpu_name, require_gpu
 from .reference import AttentionInputError, default_scale, kv_head_index
 from .rule import (ABS_SLACK, AttentionCheckError, Mistake, check_lse, compare, describe_rows, diagnose, draw_seed,
@@ -253,28 +253,6 @@ def _keys(inp, b: int, *, table=None, lens=None, k_starts=None):
     return k.transpose(0, 1), v.transpose(0, 1)
 
 
-def _attend(q, k, v, scale, dtype, head_map=None, align="bottom_right", hi=None, lo=0):
-    """One sequence: q [Hq, Lq, D], k, v [Hkv, n, D] -> o [Hq, Lq, D], lse [Hq, Lq] in ``dtype``; keys
-    ``lo <= j < hi`` (hi: n) are visible, causal ``align``: "bottom_right" (j <= i + hi - Lq), "top_left" or None."""
-    Hq, Lq, _ = q.shape
-    Hkv, n, _ = k.shape
-    hi = n if hi is None else hi
-    idx = (kv_head_index(Hq, Hkv) if head_map is None else head_map).to(q.device)
-    qd, kd, vd = q.to(dtype), k.to(dtype).index_select(0, idx), v.to(dtype).index_select(0, idx)
-    s = torch.matmul(qd, kd.transpose(-1, -2)) * scale
-    i = torch.arange(Lq, device=q.device)[:, None]
-    j = torch.arange(n, device=q.device)[None, :]
-    visible = (j < hi) & (j >= lo)
-    if align == "bottom_right":
-        visible = visible & (j <= i + (hi - Lq))
-    elif align == "top_left":
-        visible = visible & (j <= i)
-    s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1) if n else torch.full((Hq, Lq), float("-inf"), dtype=dtype, device=q.device)
-    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
-    return torch.matmul(p, vd), lse
-
-
 def serving_reference(inp, causal: bool, scale=None, *, dtype=None, head_map=None, align="rule", one_sequence=False,
                       k_starts=None, table=None, lens=None, keys_to=None, chunk_only=False):
     """The batch computed plainly, one sequence at a time: ``(o [total_q, Hq, D], lse [Hq, total_q])``,
@@ -295,7 +273,7 @@ def serving_reference(inp, causal: bool, scale=None, *, dtype=None, head_map=Non
     lse = torch.full((Hq, Tq), float("-inf"), dtype=torch.float32, device=q.device)
     if one_sequence:
         kb, vb = inp.k.transpose(0, 1), inp.v.transpose(0, 1)
-        ob, lb = _attend(q.transpose(0, 1), kb, vb, scale, dtype, head_map, align)
+        ob, lb = attend_sequence(q.transpose(0, 1), kb, vb, scale, dtype, head_map, align)
         return ob.transpose(0, 1), lb.float()
     cu = inp.cu_seqlens_q.tolist()
     for b in range(len(cu) - 1):
@@ -305,8 +283,8 @@ def serving_reference(inp, causal: bool, scale=None, *, dtype=None, head_map=Non
         Lq = cu[b + 1] - cu[b]
         hi = None if keys_to is None else int(keys_to[b])
         n = kb.shape[1] if hi is None else hi
-        ob, lb = _attend(q[cu[b]:cu[b + 1]].transpose(0, 1), kb, vb, scale, dtype, head_map, align, hi,
-                         lo=max(0, n - Lq) if chunk_only else 0)
+        ob, lb = attend_sequence(q[cu[b]:cu[b + 1]].transpose(0, 1), kb, vb, scale, dtype, head_map, align, hi,
+                                 lo=max(0, n - Lq) if chunk_only else 0)
         o[cu[b]:cu[b + 1]] = ob.transpose(0, 1)
         lse[:, cu[b]:cu[b + 1]] = lb.float()
     return o, lse
