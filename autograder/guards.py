@@ -54,9 +54,10 @@ _SOFTMAX_FUNCS = {torch.softmax: "torch.softmax", _F.softmax: "torch.nn.function
                   torch.Tensor.softmax: "Tensor.softmax", torch.special.softmax: "torch.special.softmax",
                   torch.log_softmax: "torch.log_softmax", _F.log_softmax: "torch.nn.functional.log_softmax",
                   torch.Tensor.log_softmax: "Tensor.log_softmax"}
-# Dispatcher-level names (aten::...): every route to PyTorch's attention kernels ends in one of these.
+# Dispatcher-level names (aten::...): every route to PyTorch's attention kernels ends in one of these
+# (torch.nn.attention.varlen's custom op, torch_attn::_varlen_attn, calls FlashAttention-2 below the dispatcher).
 _ATEN_ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention",
-                   "_fused_sdp", "_native_multi_head_attention", "_transformer_encoder")
+                   "_fused_sdp", "_native_multi_head_attention", "_transformer_encoder", "varlen_attn")
 _ATEN_SOFTMAX = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax",
                  "aten::_log_softmax", "aten::special_softmax")
 

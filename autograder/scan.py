@@ -48,7 +48,7 @@ TAMPER_ATTRS = {("sys", "exit"), ("os", "_exit"), ("os", "kill"), ("os", "fork")
 FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_attention_forward|MultiheadAttention|"
                                  r"flash_attn|\b_scaled_dot_product|\b_flash_attention|\b_efficient_attention|"
                                  r"cudnn_attention|sdpa_kernel|sdpa_reference|torch_attention|"
-                                 r"reference_attention|flex_attention(?!_triton)")   # (step 10's entry point is ours)
+                                 r"reference_attention|flex_attention(?!_triton)|varlen_attn")   # (step 10's entry point is ours)
 # Step 11: what facourse.interchange holds of the exercise's answers (the spec it checks against, the
 # grader's own definition and candidates): a submission that uses them instead of writing its own
 # definition is for an instructor to look at.

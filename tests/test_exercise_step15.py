@@ -143,3 +143,37 @@ def test_the_solution_on_a_gpu():
             serving.check_varlen(varlen, case, seed=11, device="cuda", dtype=dt, verbose=False)
         for case in serving.PAGED_CASES:
             serving.check_paged_prefill(paged, case, seed=11, device="cuda", dtype=dt, verbose=False)
+
+
+# ----------------------------------------------------------------------------- the guard and the scan
+def _fa2_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale=None):
+    """What a student who reads the course's bench might submit: PyTorch's own varlen attention (FlashAttention-2)."""
+    from torch.nn.attention.varlen import AuxRequest, varlen_attn
+    g = q.shape[1] // k.shape[1]                    # (PyTorch 2.11's takes no GQA)
+    return varlen_attn(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), cu_q, cu_k, max_q, max_k, scale=scale,
+                       window_size=(-1, 0) if causal else (-1, -1), return_aux=AuxRequest(lse=True))
+
+
+def _fa2_varlen_swallowed(*args, **kwargs):
+    try:
+        return _fa2_varlen(*args, **kwargs)
+    except Exception:                  # hides the guard's error (and, on a CPU, FlashAttention's) and goes on
+        q = args[0]
+        return torch.zeros_like(q), torch.zeros(q.shape[1], q.shape[0])
+
+
+@pytest.mark.parametrize("cheat", [_fa2_varlen, _fa2_varlen_swallowed])
+def test_the_guard_refuses_pytorchs_varlen_attention(cheat):
+    """torch.nn.attention.varlen reaches the dispatcher as its own op (torch_attn::_varlen_attn), FlashAttention-2
+    below it: the step's guard refuses it, also when the function catches the refusal and falls back."""
+    from autograder.guards import CheatDetected, forbid_framework_attention
+    pytest.importorskip("torch.nn.attention.varlen")
+    with pytest.raises(CheatDetected, match="varlen_attn") as err:
+        serving.check_varlen(forbid_framework_attention(cheat, forbid_matmul=True), "packed", seed=1, verbose=False)
+    assert ("caught inside" in str(err.value)) == (cheat is _fa2_varlen_swallowed)
+
+
+def test_the_scan_flags_pytorchs_varlen_attention():
+    from autograder.scan import scan_source
+    src = "from torch.nn.attention.varlen import varlen_attn\ndef varlen_attention(*a):\n    return varlen_attn(*a)\n"
+    assert any("varlen_attn" in f.line for f in scan_source(src, "cell"))
