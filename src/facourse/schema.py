@@ -188,8 +188,18 @@ class V5Variants:
     variants: dict[str, dict]
 
 
+@dataclass
+class ProfileRun:
+    """benchmarks/profile.py: the course's kernels under Nsight Compute (step 13), one target per process."""
+    profile: dict                                 # the tool, its sections, clock control, NVTX range, builds
+    env: Env
+    device: dict                                  # ncu's device attributes (occupancy's limits)
+    units: dict                                   # metric -> ncu's base unit
+    targets: list[dict]                           # target, step, rung, config, work, unit, flops, kernels
+
+
 #: (a file's kind, how to recognise it): the first that matches is validated
-FAMILIES = ((TracesRun, lambda d: "traces" in d), (ScriptRun, lambda d: "script" in d),
+FAMILIES = ((ProfileRun, lambda d: "targets" in d), (TracesRun, lambda d: "traces" in d), (ScriptRun, lambda d: "script" in d),
             (TileSweep, lambda d: "candidates" in d), (V5Variants, lambda d: "variants" in d),
             (Run, lambda d: "rungs" in d), (TimingProbe, lambda d: "rows" in d))
 
