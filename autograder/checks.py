@@ -22,6 +22,7 @@ from facourse.backward import check_forward_backward, gradcheck_forward_backward
 from facourse.check import is_collecting
 from facourse.decode import check_paged_bad_inputs, check_paged_decode
 from facourse.fa4 import check_exp2_fn, check_rescale_fn
+from facourse.profiling import check_occupancy_fn, check_roofline_fn
 from facourse.interchange import (check_definition, check_definition_reference, check_routing,
                                   check_traces)
 from facourse.ring import check_merge_partials, check_ring
@@ -143,6 +144,8 @@ CHECKS = {
     "traces": adapt(check_traces, device=False),
     "routing": adapt(check_routing, device=False),
     "tilelang_cpu": adapt(check_tilelang_cpu, device=False),
+    "occupancy": adapt(check_occupancy_fn),
+    "roofline": adapt(check_roofline_fn),
     "exp2": adapt(check_exp2_fn),
     "rescale": adapt(check_rescale_fn),
 }

@@ -329,6 +329,12 @@ def _step11() -> dict[str, Test]:
     }
 
 
+def _step13() -> dict[str, Test]:
+    # the answers are numbers: each case's inputs come from the committed ncu run or the seed, on the CPU
+    return {f"test_{fn}_{case}": Test((Check(fn, {"case": case}),))
+            for fn in ("occupancy", "roofline") for case in ("records", "random", "edges")}
+
+
 def _step14() -> dict[str, Test]:
     # exp2_poly may not reach PyTorch's exponentials (the guard); the update may (it uses exp2 as the kernel does)
     exp2 = {case: Test((Check("exp2", {"case": case}),), guard={"exponentials": True})
@@ -371,6 +377,7 @@ PLANS = {
     "10_attention_variants": _step10,
     "11_interchangeable_kernels": _step11,
     "12_ring_attention": _step12,
+    "13_profiling": _step13,
     "14_after_hopper": _step14,
     "15_serving": _step15,
 }

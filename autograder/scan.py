@@ -55,6 +55,8 @@ FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_atten
 INTERCHANGE_ANSWERS = re.compile(r"\b(?:_?spec_definition|SPEC|AXES|INPUTS|OUTPUTS|_?solution_source|_routing_\w+|"
                                  r"routing_(?:tags|solution|trace|workloads|trace_set)|_?ROUTING_[A-Z]+|"
                                  r"_?TRACE_[A-Z]+|trace_candidates)\b")
+# Steps 13-14: the library's own references of the functions a student writes (the check compares with them).
+STEP_REFERENCES = re.compile(r"\b(?:occupancy_limits|roofline_reference|lazy_step)\b")
 # Step 11's TileLang program: on the CPU it runs on facourse.tilelang_cpu, whose buffers hold NumPy arrays;
 # a program that reaches them (or the stand-in's internals) computes outside the language, which only the
 # GPU tests (TileLang's compiler) would refuse: for an instructor to look at.
@@ -267,6 +269,10 @@ def scan_source(source: str, where: str) -> list[Flag]:
         if m and not ln.lstrip().startswith("#"):
             flags.append(Flag("review", f"{where}, line {n}", f"uses facourse.interchange's own spec or grader data "
                                                                f"({m.group(0)}) instead of writing it", ln))
+        m = STEP_REFERENCES.search(ln)
+        if m and not ln.lstrip().startswith("#"):
+            flags.append(Flag("review", f"{where}, line {n}", f"calls the course's own reference ({m.group(0)}) "
+                                                               "instead of writing it", ln))
         m = OTHER_EXPONENTIALS.search(ln)
         if m and not ln.lstrip().startswith("#"):
             flags.append(Flag("review", f"{where}, line {n}", f"computes with NumPy or math ({m.group(0)}), where the "

@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from facourse import results as R  # noqa: E402
+from facourse.profiling import compact_run, summary_table  # noqa: E402
 
 RESULTS = HERE / "results"
 README = HERE / "README.md"
@@ -83,6 +84,8 @@ def measured() -> dict:
         for r in load_step(step)["rungs"]:
             if r["name"] in out[step]["rungs"]:
                 out[step]["rungs"][r["name"]]["verdict"] = r["verdict"]
+    if profiles := sorted(RESULTS.glob("*_step13_ncu.json")):     # benchmarks/profile.py: Nsight Compute's records
+        out["13_ncu"] = compact_run(json.loads(profiles[-1].read_text()), f"benchmarks/results/{profiles[-1].name}")
     if m := newest_with_methods("10"):
         out["10_methods"] = R.compact(m[1], f"benchmarks/results/{m[0]}")
     probe = _load(PROBE)       # its sweep point under today's name (the probe ran before the rename)
@@ -237,6 +240,11 @@ TABLES = {
     "step11_flashinfer": step11_flashinfer,
     "step12": lambda: R.table(_m("12")),
     "step12_source": lambda: source("12"),
+    "step13": lambda: summary_table(_m("13_ncu")),
+    "step13_source": lambda: (f"Source: `{_m('13_ncu')['source'].removeprefix('benchmarks/')}`. {_m('13_ncu')['env']['gpu']}, "
+                              f"{_m('13_ncu')['env']['date']}, {_m('13_ncu')['profile']['tool']}, clocks locked to base; "
+                              f"roofs measured in the same run: GEMM {_m('13_ncu')['roofs']['tflops']} TFLOP/s, copy "
+                              f"{_m('13_ncu')['roofs']['gbps']} GB/s."),
     "step15": lambda: R.table(_m("15")),
     "step15_source": lambda: source("15"),
 }

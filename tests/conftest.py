@@ -245,6 +245,17 @@ def hidden_entries(step: str) -> dict[str, str]:
     return out
 
 
+def assert_planted(got: dict, expect: dict) -> None:
+    """Each planted bug's verdicts (``planted_verdicts``) against ``expect``: {bug: (the test it fails, what that
+    test's message says, the tests it passes)}."""
+    for bug, (fails, says, passes) in expect.items():
+        v = got[bug]
+        assert v[fails]["points"] == 0, f"{bug}: expected {fails} to fail: {v[fails]}"
+        assert says in v[fails]["message"], f"{bug}: {fails}'s message does not say {says!r}:\n{v[fails]['message']}"
+        wrong = [t for t in passes if v[t]["points"] != v[t]["max"]]
+        assert not wrong, f"{bug}: {wrong} should pass: {[v[t]['message'][:300] for t in wrong]}"
+
+
 def planted_verdicts(tmp_path: Path, step: str, given: tuple, bugs: dict, tests=None) -> dict:
     """Each bug of ``bugs`` ({bug: {solution cell: its buggy code}}), put into the exercise's solution
     (its ``given`` code cells and every solution cell, in order), graded through the judge on ``tests``

@@ -45,6 +45,7 @@ MODULES = (
     "test_exercise_step10",             # 10_attention_variants
     "test_exercise_step11",             # 11_interchangeable_kernels
     "test_exercise_step12",             # 12_ring_attention
+    "test_exercise_step13",             # 13_profiling
     "test_exercise_step14",             # 14_after_hopper
     "test_exercise_step15",             # 15_serving
 )

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from conftest import planted_verdicts, solution_and_stub, solution_code
+from conftest import assert_planted, planted_verdicts, solution_and_stub, solution_code
 from autograder.guards import CheatDetected, forbid_exponentials
 from facourse import FA4CheckError, check_exp2_fn, check_rescale_fn
 from facourse.fa4 import EXP2_CASES, RESCALE_CASES
@@ -64,13 +64,7 @@ def test_planted_bugs_14(tmp_path):
                                                                             "test_rescale_growing"]),
         "no_alpha_l": ("test_rescale_growing", "l was not rescaled", EXP2),
     }
-    got = planted_verdicts(tmp_path, A14, GIVEN, bugs)
-    for bug, (fails, says, passes) in expect.items():
-        v = got[bug]
-        assert v[fails]["points"] == 0, f"{bug}: expected {fails} to fail: {v[fails]}"
-        assert says in v[fails]["message"], f"{bug}: {fails}'s message does not say {says!r}:\n{v[fails]['message']}"
-        wrong = [t for t in passes if v[t]["points"] != v[t]["max"]]
-        assert not wrong, f"{bug}: {wrong} should pass: {[v[t]['message'][:300] for t in wrong]}"
+    assert_planted(planted_verdicts(tmp_path, A14, GIVEN, bugs), expect)
 
 
 # ----------------------------------------------------------------------------- the check, in process

@@ -55,6 +55,8 @@ STEPS = {
     "10_attention_variants": (("setup", "builder"), ("test_alibi",)),
     "11_interchangeable_kernels": (("setup", "solution_example"), ("test_tilelang_other", "test_fallback")),
     "12_ring_attention": (("setup",), ("test_merge", "test_gqa_edges")),
+    "13_profiling": (("imports",), ("test_occupancy_random", "test_occupancy_edges", "test_roofline_random",
+                                    "test_roofline_edges")),
     "14_after_hopper": (("imports", "exp2_fit"), ("test_exp2_softmax", "test_exp2_grid", "test_exp2_edges",
                                                   "test_rescale_random", "test_rescale_growing", "test_rescale_eager",
                                                   "test_rescale_masked")),

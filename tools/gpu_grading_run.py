@@ -74,10 +74,10 @@ STEPS = {"01": "01_vanilla_attention", "02": "02_safe_softmax", "03": "03_online
          "04": "04_tiled_attention", "05": "05_triton_flash_attention", "06": "06_cuda_flash_attention",
          "07": "07_hopper_flash_attention", "08": "08_backward", "09": "09_decode_paged_kv",
          "10": "10_attention_variants", "11": "11_interchangeable_kernels", "12": "12_ring_attention",
-         "14": "14_after_hopper", "15": "15_serving"}
+         "13": "13_profiling", "14": "14_after_hopper", "15": "15_serving"}
 STUDENTS = ("correct", "stub", "bug", "slow")
 # The steps graded from the demo's samples: which sample student plays which part
-SAMPLE_STEPS = ("01", "02", "03", "04", "08", "09", "10", "11", "12", "14", "15")
+SAMPLE_STEPS = ("01", "02", "03", "04", "08", "09", "10", "11", "12", "13", "14", "15")
 SAMPLE_OF = {"correct": "alice", "stub": "bob", "bug": "carol"}
 # The planted bug of each step: (test module, its table, the row)
 BUG = {"05": ("test_triton_step05", "PLANTED", "top_left_causal"),

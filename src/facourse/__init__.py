@@ -15,4 +15,6 @@ from .reference import (AttentionInputError, causal_mask, default_scale, kv_head
 __all__ = [name for name in dir() if not name.startswith("_")]
 from .softmax_check import MERGE_CASES, SOFTMAX_CASES, SoftmaxCheckError, check_merge_fn, check_softmax_fn, reference_softmax  # noqa: E402 (steps 02-03)
 from .visible import VISIBLE_CASES, check_visible  # noqa: E402 (the exercises' visible cells)
+from .profiling import (OCCUPANCY_CASES, OCCUPANCY_GPU, ROOFLINE_CASES, ProfilingCheckError,  # noqa: E402 (step 13)
+                        check_occupancy_fn, check_roofline_fn)
 from .fa4 import EXP2_CASES, RESCALE_CASES, FA4CheckError, check_exp2_fn, check_rescale_fn  # noqa: E402 (step 14)

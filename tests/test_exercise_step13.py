@@ -1,0 +1,176 @@
+"""Exercise 13 (reading Nsight Compute: occupancy limits and the measured roofline) and its check, facourse.profiling.
+
+Grading: the solution (every autograded point, the written answer left to the instructor) and the untouched stub
+(0) through nbgrader (``GRADING``, the demo's samples, graded in tests/test_exercise_grading.py's one run); planted
+bugs through the judge, each losing the test that names it while the others pass. The reference reproduces every
+limit ncu reported in the committed run, and every classic mistake it names is caught by some case on any seed.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import assert_planted, planted_verdicts, solution_and_stub, solution_code
+from autograder.scan import scan_source
+from facourse import OCCUPANCY_GPU, ProfilingCheckError, check_occupancy_fn, check_roofline_fn
+from facourse import profiling as P
+
+A13 = "13_profiling"
+GIVEN = ("imports",)
+ANSWER = "Latency is hidden inside the block; v3 skips the masked tiles."   # a written answer
+
+#: The demo's planted bug (carol): the SM's whole shared memory taken for the launch's carve-out.
+PLANTED = ("occupancy", 'launch["launch__shared_mem_config_size"] //', "233472 //", "test_occupancy_records",
+           "carve-out the SM is configured with")
+GRADING = solution_and_stub(A13, 6, set(), 0, PLANTED, {"written_profiling": ANSWER})
+
+OCC = ["test_occupancy_records", "test_occupancy_random", "test_occupancy_edges"]
+ROOF = ["test_roofline_records", "test_roofline_random", "test_roofline_edges"]
+
+
+def _mutate(code: str, old: str, new: str) -> str:
+    assert old in code, f"planted bug out of date: {old!r} is not in the solution"
+    return code.replace(old, new)
+
+
+def test_planted_bugs_13(tmp_path):
+    code = solution_code(A13)
+    occ, roof = code["occupancy"], code["roofline_point"]
+    bugs = {
+        "max_smem": {"occupancy": _mutate(occ, *PLANTED[1:3])},
+        "no_reserve": {"occupancy": _mutate(occ, '            + gpu["reserved_shared_memory_per_block"])', ")")},
+        "warps_floor": {"occupancy": _mutate(occ, '-(-launch["launch__block_size"] // gpu["warp_size"])',
+                                             'launch["launch__block_size"] // gpu["warp_size"]')},
+        "one_register_file": {"occupancy": _mutate(occ, 'parts * (gpu["max_registers_per_multiprocessor"] // parts // per_warp)',
+                                                   'gpu["max_registers_per_multiprocessor"] // per_warp')},
+        "no_smem_rounding": {"occupancy": _mutate(occ, "(-(-smem // step) * step)", "smem")},
+        "rate_as_bytes": {"roofline_point": _mutate(roof, '* seconds                     # a rate times the duration',
+                                                    "")},
+        "roof_max": {"roofline_point": _mutate(roof, "min(roofs", "max(roofs")},
+        "zero_bytes": {"roofline_point": _mutate(roof, " if moved else math.inf", "")},
+    }
+    expect = {   # bug: (the test it fails, what its message says, the tests it passes)
+        "max_smem": ("test_occupancy_records", "carve-out the SM is configured with", ROOF),
+        # a block without shared memory then costs nothing: the student's own division fails
+        "no_reserve": ("test_occupancy_records", "still takes the reserved 1 KB", ROOF),
+        # a block of fewer than 32 threads (random, edges) has 0 warps: the student's division raises, the check says why
+        "warps_floor": ("test_occupancy_edges", "still takes a whole warp", ROOF + ["test_occupancy_records"]),
+        "one_register_file": ("test_occupancy_random", "four files of 16384", ROOF + ["test_occupancy_records"]),
+        "no_smem_rounding": ("test_occupancy_random", "128-byte steps", ROOF + ["test_occupancy_records"]),
+        "rate_as_bytes": ("test_roofline_records", "is a rate", OCC),
+        "roof_max": ("test_roofline_records", "the lower of the two", OCC),
+        "zero_bytes": ("test_roofline_edges", "its intensity is math.inf", OCC + ["test_roofline_records",
+                                                                            "test_roofline_random"]),
+    }
+    assert_planted(planted_verdicts(tmp_path, A13, GIVEN, bugs), expect)
+
+
+# ----------------------------------------------------------------------------- the check, in process
+def _solution():
+    scope = {"math": math}
+    for cell in ("occupancy", "roofline_point"):
+        exec(solution_code(A13)[cell], scope)   # noqa: S102
+    return scope
+
+
+def test_the_reference_reproduces_every_limit_ncu_reported():
+    launches = P.record_launches()
+    assert len(launches) >= 20
+    for launch, ncu in launches:
+        assert P.occupancy_limits(launch) == ncu, (launch, ncu)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_solution_passes_every_case(seed):
+    sol = _solution()
+    for case in P.OCCUPANCY_CASES:
+        check_occupancy_fn(sol["occupancy"], case, seed=seed, verbose=False)
+    for case in P.ROOFLINE_CASES:
+        check_roofline_fn(sol["roofline_point"], case, seed=seed, verbose=False)
+
+
+@pytest.mark.parametrize("bug", ["warps_floor", "no_register_rounding", "no_warp_granularity", "threads_registers",
+                                 "no_reserve", "no_smem_rounding", "max_smem"])
+def test_every_occupancy_mistake_is_caught_and_named_on_any_seed(bug):
+    for seed in range(12):
+        with pytest.raises(ProfilingCheckError) as err:
+            check_occupancy_fn(lambda launch, gpu: P.occupancy_limits(launch, gpu, bug=bug), "random", seed=seed,
+                               verbose=False)
+        assert P.OCCUPANCY_MISTAKES[bug].split("{")[0][:30] in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("bug", ["rate_as_bytes", "roof_max", "executed", "useful_inverse"])
+def test_every_roofline_mistake_is_caught_and_named(bug):
+    for case in ("records", "random"):
+        with pytest.raises(ProfilingCheckError, match="likely cause") as err:
+            check_roofline_fn(lambda k, r: P.roofline_reference(k, r, bug=bug), case, seed=3, verbose=False)
+        assert P.ROOFLINE_MISTAKES[bug][:40] in str(err.value)
+
+
+def test_wrong_answers_are_told_apart():
+    sol = _solution()
+    occ, roof = sol["occupancy"], sol["roofline_point"]
+
+    def says(check, fn, case, text):
+        with pytest.raises(ProfilingCheckError) as err:
+            check(fn, case, seed=5, verbose=False)
+        assert text in str(err.value), str(err.value)
+
+    says(check_occupancy_fn, lambda launch, gpu: occ(launch, gpu)[:3], "records", "tuple of four")
+    says(check_occupancy_fn, lambda launch, gpu: tuple(x + 0.5 for x in occ(launch, gpu)), "records", "whole number")
+    says(check_occupancy_fn, lambda launch, gpu: (*occ(launch, gpu)[:3], 16), "edges", "the SM's own")
+
+    def mutates(launch, gpu):
+        gpu["warp_size"] = 64
+        return occ(launch, {**gpu, "warp_size": 32})
+    says(check_occupancy_fn, mutates, "records", "changed the dicts")
+    says(check_roofline_fn, lambda k, r: roof(k, r)[:4], "records", "must return a tuple")
+    says(check_roofline_fn, lambda k, r: (*roof(k, r)[:4], 0.0), "edges", "None where the tensor cores did nothing")
+    says(check_roofline_fn, lambda k, r: (*roof(k, r)[:3], "memory", roof(k, r)[4]), "records", "'memory' or 'compute'")
+
+
+def test_a_lookup_of_the_committed_answers_fails_the_hidden_cases():
+    """A student who reads the committed run could return ncu's own limits by matching the launch: that passes
+    "records" and nothing else."""
+    table = {tuple(sorted(launch.items())): ncu for launch, ncu in P.record_launches()}
+
+    def lookup(launch, gpu):
+        return table.get(tuple(sorted(launch.items())), (0, 0, 0, 0))
+
+    check_occupancy_fn(lookup, "records", seed=1, verbose=False)
+    for case in ("random", "edges"):
+        with pytest.raises(ProfilingCheckError):
+            check_occupancy_fn(lookup, case, seed=1, verbose=False)
+
+
+def test_the_scan_flags_a_call_of_the_references():
+    for src in ("from facourse.profiling import occupancy_limits\noccupancy = occupancy_limits\n",
+                "import facourse.profiling as p\ndef roofline_point(k, r):\n    return p.roofline_reference(k, r)\n",
+                "from facourse.fa4 import lazy_step\n"):                          # step 14's reference too
+        assert any("the course's own reference" in f.rule for f in scan_source(src, "cell occupancy"))
+    assert not scan_source(solution_code(A13)["occupancy"], "cell occupancy")
+
+
+def test_the_gpu_limits_are_the_committed_devices():
+    """OCCUPANCY_GPU's limits are the device attributes ncu recorded with the committed run."""
+    dev = P.load_run()["device"]
+    for k, v in OCCUPANCY_GPU.items():
+        if k in dev:
+            assert dev[k] == v, (k, dev[k], v)
+
+
+# ----------------------------------------------------------------------------- the runner that measured the data
+def test_the_profile_runners_targets_are_the_course_rungs_and_its_csv_parses():
+    from benchmarks import profile
+    from facourse.steps import load_step, rung
+    for name, (step, what, config) in profile.TARGETS.items():
+        if step not in ("cal", "sdpa", "01"):
+            rung(load_step(step), what)                     # raises when the manifest has no such rung
+    csv = ('"ID","Kernel Name","launch__block_size","gpu__time_duration.sum","dram__bytes.sum.per_second"\n'
+           '"","","","ns","byte/s"\n"0","attn_fwd","128","1,001,056","3.5e+11"\n')
+    (k,) = profile.parse_raw("==PROF== noise\n" + csv)
+    assert k["Kernel Name"] == "attn_fwd" and k["launch__block_size"] == 128
+    assert k["gpu__time_duration.sum"] == 1001056 and k["dram__bytes.sum.per_second"] == 3.5e11
+    assert k["_units"]["gpu__time_duration.sum"] == "ns"
+    assert profile.KEEP.match("launch__occupancy_limit_registers") and not profile.KEEP.match("device__attribute_x")
