@@ -692,6 +692,11 @@ from serving_figures import FIGURES as _SERVING_FIGURES  # noqa: E402
 
 FIGURES.update(_SERVING_FIGURES)
 
+# Step 13's figures: the committed Nsight Compute run (measured roofline, occupancy limits, warp stalls).
+from profiling_figures import FIGURES as _PROFILING_FIGURES  # noqa: E402
+
+FIGURES.update(_PROFILING_FIGURES)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

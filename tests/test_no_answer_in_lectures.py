@@ -1,7 +1,7 @@
-"""No answer in the lecture (issue 20), for every lecture/exercise pair 02-12 and 14: the attention-like functions
+"""No answer in the lecture (issue 20), for every lecture/exercise pair 02-15: the attention-like functions
 of a lecture, wrapped into the matching exercise's entry point, fail that exercise's checks or score nothing
 through the judge (02-05, 08-10, 12); lectures 06 and 07 hold no line of their exercise's device functions,
-and lectures 11 and 14 none of their exercise's answers.
+and lectures 11, 13, 14 and 15 none of their exercise's answers.
 
 The functions are taken from the lecture's text twin by name (so the test follows the lecture when
 it changes) and wrapped the way a student would: a two-line call for the loophole the issue found
@@ -367,6 +367,21 @@ def test_lecture_11_writes_no_attention_definition():
                 f"lecture 11, line {call.lineno}: a Definition that may be the exercise's"
 
 
+def code_names(tree: ast.AST, strings=frozenset()) -> set[str]:
+    """Every name a module's code uses: attributes, names, imported names, and those of ``strings`` it spells."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).rsplit(".", 1)[-1])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in strings:
+            names.add(node.value)
+    return names
+
+
 def test_lecture_11_has_no_trace_solutions_loop_and_no_attention_deployment():
     """No code of the lecture turns a failed build into a trace (a try around a .build() call, or a
     COMPILE_ERROR status), traces with facourse.interchange.trace, or deploys with the exercise's pieces
@@ -377,16 +392,7 @@ def test_lecture_11_has_no_trace_solutions_loop_and_no_attention_deployment():
             builds = [c for b in node.body for c in ast.walk(b) if isinstance(c, ast.Call)
                       and isinstance(c.func, ast.Attribute) and c.func.attr in ("build", "build_reference")]
             assert not builds, f"lecture 11, line {node.lineno}: a try around a build (exercise 11's trace_solutions)"
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute):
-            names.add(node.attr)
-        elif isinstance(node, ast.Name):
-            names.add(node.id)
-        elif isinstance(node, ast.alias):
-            names.add((node.asname or node.name).rsplit(".", 1)[-1])
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in INTERCHANGE_ANSWERS:
-            names.add(node.value)
+    names = code_names(tree, INTERCHANGE_ANSWERS)
     assert not names & INTERCHANGE_ANSWERS, f"lecture 11's code names {sorted(names & INTERCHANGE_ANSWERS)}"
 
 
@@ -495,3 +501,24 @@ def test_lecture_15_holds_no_line_of_exercise_15s_solution():
     assert not found, f"lecture 15 holds exercise 15's answer lines: {found}"
     defined = {n.name for n in ast.parse(lecture.read_text(encoding="utf-8")).body if isinstance(n, ast.FunctionDef)}
     assert not defined & {"varlen_attention", "paged_prefill", "kv_offsets", "serving_kernel"}, defined
+
+
+# ----------------------------------------------------------------------------- lecture 13 -> exercise 13
+def test_lecture_13_holds_no_line_of_exercise_13s_solution():
+    """Lecture 13 prints ncu's own occupancy limits and percentages and shows the roofline as a committed figure;
+    no line of exercise 13's answers (the four limits from a launch, a kernel's roofline point) appears in it,
+    code or prose, it defines neither entry point, and its code names neither of facourse.profiling's graded
+    references (occupancy_limits, roofline_reference)."""
+    answer = exercise_11_answer_lines(ROOT / "solutions" / "13_profiling" / "13_profiling.pct.py")
+    assert len(answer) >= 15, answer             # the regions were found: the test checks something
+    lecture = ROOT / "course" / "13_profiling.pct.py"
+    source = lecture.read_text(encoding="utf-8")
+    text = " ".join(_normalised(ln.lstrip("# ")) for ln in source.splitlines())
+    found = [ln for ln in answer if ln in text]
+    assert not found, f"lecture 13 holds exercise 13's answer lines: {found}"
+    tree = ast.parse(source)
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert not defined & {"occupancy", "roofline_point"}, defined
+    names = code_names(tree)
+    assert not names & {"occupancy_limits", "roofline_reference"}, sorted(names & {"occupancy_limits",
+                                                                                   "roofline_reference"})
