@@ -84,7 +84,7 @@ def measured() -> dict:
         for r in load_step(step)["rungs"]:
             if r["name"] in out[step]["rungs"]:
                 out[step]["rungs"][r["name"]]["verdict"] = r["verdict"]
-    if profiles := sorted(RESULTS.glob("*_step13_ncu.json")):     # benchmarks/profile.py: Nsight Compute's records
+    if profiles := sorted(RESULTS.glob("*_step13_ncu.json")):     # benchmarks/counters.py: Nsight Compute's records
         out["13_ncu"] = compact_run(json.loads(profiles[-1].read_text()), f"benchmarks/results/{profiles[-1].name}")
     if m := newest_with_methods("10"):
         out["10_methods"] = R.compact(m[1], f"benchmarks/results/{m[0]}")

@@ -33,7 +33,7 @@
 # compute capability. S. Williams, A. Waterman, D. Patterson, *Roofline: an insightful visual performance
 # model for multicore architectures* (CACM, 2009). J. D. C. Little, *A proof for the queuing formula
 # L = λW* (Operations Research, 1961). V. Volkov, *Better performance at lower occupancy* (GTC 2010).
-# Lectures 05 and 09 for the kernels; `benchmarks/profile.py` for how the run was taken.
+# Lectures 05 and 09 for the kernels; `benchmarks/counters.py` for how the run was taken.
 #
 # Exercise 13 asks for `occupancy(launch, gpu)`, the four limits computed from a launch, and
 # `roofline_point(kernel, roofs)`, a kernel placed on the measured roofline. This lecture shows the limits
@@ -81,12 +81,12 @@ for t, ks in KERNELS.items():
 # %% [markdown]
 # ## 1. How the course measured
 #
-# `benchmarks/profile.py` profiles each target in a process of its own:
+# `benchmarks/counters.py` profiles each target in a process of its own:
 #
 # ```bash
-# PYTHONPATH=src:. python -m benchmarks.profile --out DIR            # every target of TARGETS
+# PYTHONPATH=src:. python -m benchmarks.counters --out DIR            # every target of TARGETS
 # ncu --nvtx --nvtx-include profile/ --section LaunchStats --section Occupancy ... \
-#     -o DIR/05_v6 python -m benchmarks.profile --one 05_v6          # what it runs for each target
+#     -o DIR/05_v6 python -m benchmarks.counters --one 05_v6          # what it runs for each target
 # ncu -i DIR/05_v6.ncu-rep --page raw --csv --print-units base      # every metric, in base units
 # ```
 #

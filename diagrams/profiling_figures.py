@@ -1,7 +1,7 @@
 """Step 13 figures: the course's kernels under Nsight Compute (course/13_profiling).
 
 Every figure is drawn from the committed Nsight Compute run, ``course/results/measured.json``'s "13_ncu"
-(``facourse.profiling.load_run``: benchmarks/profile.py's records, copied there by benchmarks/tables.py), and
+(``facourse.profiling.load_run``: benchmarks/counters.py's records, copied there by benchmarks/tables.py), and
 shows whichever targets that run holds. Without it the committed figures are kept (each function returns None).
 "The main kernel" of a target is its longest one (a split-KV decode also launches a short merge; step 01's
 attention launches a dozen kernels).

@@ -6,6 +6,7 @@ Covers the project's own modules in `src/`, `autograder/`, `benchmarks/` and `to
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,3 +217,11 @@ def unresolved_relative_imports() -> list[str]:
 def test_every_relative_import_names_a_module_of_the_tree():
     bad = unresolved_relative_imports()
     assert not bad, "relative imports of nothing:\n" + "\n".join(bad)
+
+
+def test_no_script_folder_on_sys_path_shadows_the_standard_library():
+    """tests/test_benchmarks.py puts benchmarks/ on sys.path: a benchmarks/profile.py there once made every later
+    `import cProfile` in that process (torch._dynamo's) load it instead of the standard library's."""
+    clash = [p.relative_to(ROOT).as_posix() for d in ("benchmarks", "benchmarks/probes", "tools", "diagrams")
+             for p in sorted((ROOT / d).glob("*.py")) if p.stem in sys.stdlib_module_names]
+    assert not clash, f"named like a standard-library module: {clash}"

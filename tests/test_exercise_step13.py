@@ -162,7 +162,7 @@ def test_the_gpu_limits_are_the_committed_devices():
 
 # ----------------------------------------------------------------------------- the runner that measured the data
 def test_the_profile_runners_targets_are_the_course_rungs_and_its_csv_parses():
-    from benchmarks import profile
+    from benchmarks import counters as profile
     from facourse.steps import load_step, rung
     for name, (step, what, config) in profile.TARGETS.items():
         if step not in ("cal", "sdpa", "01"):

@@ -58,7 +58,7 @@ class ProfilingCheckError(CheckError):
 
 # ----------------------------------------------------------------------------- the committed run
 def compact_run(d: dict, source: str) -> dict:
-    """What the lectures and the checks need of a benchmarks/profile.py run: the roofs its copy and GEMM
+    """What the lectures and the checks need of a benchmarks/counters.py run: the roofs its copy and GEMM
     measured, and every kernel with its target. A kernel gets the target's useful FLOPs as ``work`` when it is
     its target's only kernel, or the only one that used the tensor cores (a split-KV decode's merge has none)."""
     by = {t["target"]: t for t in d["targets"] if t.get("kernels")}

@@ -190,7 +190,7 @@ class V5Variants:
 
 @dataclass
 class ProfileRun:
-    """benchmarks/profile.py: the course's kernels under Nsight Compute (step 13), one target per process."""
+    """benchmarks/counters.py: the course's kernels under Nsight Compute (step 13), one target per process."""
     profile: dict                                 # the tool, its sections, clock control, NVTX range, builds
     env: Env
     device: dict                                  # ncu's device attributes (occupancy's limits)

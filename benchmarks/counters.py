@@ -1,6 +1,6 @@
 """Step 13's measurements: the course's own kernels under Nsight Compute, one process per target.
 
-    PYTHONPATH=src:. python -m benchmarks.profile --out DIR [--targets NAME,...]
+    PYTHONPATH=src:. python -m benchmarks.counters --out DIR [--targets NAME,...]
 
 Each target (``TARGETS``: a ladder rung on a configuration, an SDPA backend, or a calibration kernel for the
 roofs) runs in its own process under ``ncu``: warm-up calls first (compilation, autotuning), then one call
@@ -184,7 +184,7 @@ def profile(name: str, reports: Path) -> dict:
     for s in SECTIONS:
         cmd += ["--section", s]
     t0 = time.time()
-    p = subprocess.run(cmd + [sys.executable, "-m", "benchmarks.profile", "--one", name], env=env, cwd=ROOT,
+    p = subprocess.run(cmd + [sys.executable, "-m", "benchmarks.counters", "--one", name], env=env, cwd=ROOT,
                        capture_output=True, text=True)
     if p.returncode != 0 or not Path(f"{rep}.ncu-rep").exists():
         return {"target": name, "error": (p.stdout + p.stderr)[-800:], "seconds": round(time.time() - t0, 1)}
@@ -193,14 +193,78 @@ def profile(name: str, reports: Path) -> dict:
     return {"target": name, "kernels": parse_raw(raw), "seconds": round(time.time() - t0, 1)}
 
 
+PROTON_TARGETS = ("05_v2", "05_v3", "05_v4", "05_v6", "09_v1", "09_v3", "09_v4", "08_v3", "sdpa_flash", "sdpa_cudnn")
+PC_SAMPLED = ("05_v6", "09_v4")
+
+
+def hatchet_nodes(tree, depth=0):
+    """(depth, frame name, metrics) of every node of a Proton hatchet tree, depth first."""
+    for node in tree if isinstance(tree, list) else [tree]:
+        if "frame" in node:
+            yield depth, node["frame"].get("name", "?"), node.get("metrics", {})
+        yield from hatchet_nodes(node.get("children", []), depth + 1)
+
+
+def proton_run(names: list[str], out: Path, calls: int = 10) -> str:
+    """Triton's own profiler on the same targets, in one process: each target ``calls`` times in a scope that
+    carries its FLOPs (Proton's CUPTI backend times every kernel), then CUPTI's PC sampling of ``PC_SAMPLED``
+    (stall reasons per instruction). Writes the hatchet trees and returns a text summary."""
+    import torch
+    import triton.profiler as proton
+    lines = []
+    calls_of = {n: target_call(n) for n in names}
+    with torch.autograd.set_multithreading_enabled(False):
+        for call in calls_of.values():               # compile and autotune before anything is recorded
+            call()
+        torch.cuda.synchronize()
+        proton.start(str(out / "proton_ladder"), hook="triton")
+        for n, call in calls_of.items():
+            with proton.scope(n, {"flops": target_work(n)["flops"] * calls}):
+                for _ in range(calls):
+                    call()
+            torch.cuda.synchronize()
+        proton.finalize()
+        for n in [n for n in PC_SAMPLED if n in calls_of]:
+            proton.start(str(out / f"proton_pcsampling_{n}"), backend="cupti", mode="pcsampling")
+            with proton.scope(n):
+                calls_of[n]()
+            torch.cuda.synchronize()
+            proton.finalize()
+    tree = json.loads((out / "proton_ladder.hatchet").read_text())
+    lines.append(f"## Proton (CUPTI), {calls} calls a target in a scope carrying its FLOPs")
+    for depth, name, m in hatchet_nodes(tree):
+        if depth <= 3:
+            shown = {k: v for k, v in m.items() if isinstance(v, (int, float))}
+            lines.append(f"{'  ' * depth}{name[:70]}  {shown}")
+    for n in PC_SAMPLED:
+        f = out / f"proton_pcsampling_{n}.hatchet"
+        if not f.exists():
+            continue
+        nodes = list(hatchet_nodes(json.loads(f.read_text())))
+        keys = sorted({k for _, _, m in nodes for k in m})
+        lines.append(f"\n## PC sampling of {n}: {len(nodes)} nodes, metrics {keys}")
+        count = next((k for k in keys if "sample" in k.lower()), None)
+        if count:
+            for depth, name, m in sorted(nodes, key=lambda x: -float(x[2].get(count, 0) or 0))[:40]:
+                stalls = {k: v for k, v in m.items() if k != count and isinstance(v, (int, float)) and v}
+                lines.append(f"{m.get(count)}  {'  ' * min(depth, 6)}{name[:90]}  {dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:5])}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--one")
+    ap.add_argument("--proton", action="store_true", help="Triton's profiler instead of ncu (PROTON_TARGETS)")
     a = ap.parse_args(argv)
     if a.one:
         return run_one(a.one)
+    if a.proton:
+        a.out.mkdir(parents=True, exist_ok=True)
+        text = proton_run([n for n in PROTON_TARGETS if n in a.targets.split(",")], a.out)
+        (a.out / "proton.txt").write_text(text + "\n")
+        return print(text)
     from benchmarks.rungs import env_info
     names = [n for n in a.targets.split(",") if n]
     a.out.mkdir(parents=True, exist_ok=True)
