@@ -205,13 +205,15 @@ def hatchet_nodes(tree, depth=0):
         yield from hatchet_nodes(node.get("children", []), depth + 1)
 
 
-def proton_run(names: list[str], out: Path, calls: int = 10) -> str:
+def proton_run(names: list[str], out: Path, calls: int = 10) -> dict:
     """Triton's own profiler on the same targets, in one process: each target ``calls`` times in a scope that
-    carries its FLOPs (Proton's CUPTI backend times every kernel), then CUPTI's PC sampling of ``PC_SAMPLED``
-    (stall reasons per instruction). Writes the hatchet trees and returns a text summary."""
+    carries its FLOPs (Proton's CUPTI backend times every kernel, clocks free, L2 warm after the first call),
+    then CUPTI's PC sampling of ``PC_SAMPLED`` (each kernel's samples by stall reason). Writes the hatchet trees
+    under ``out`` and returns the run (``facourse.schema.ProtonRun``)."""
     import torch
     import triton.profiler as proton
-    lines = []
+
+    from benchmarks.rungs import env_info
     calls_of = {n: target_call(n) for n in names}
     with torch.autograd.set_multithreading_enabled(False):
         for call in calls_of.values():               # compile and autotune before anything is recorded
@@ -230,25 +232,28 @@ def proton_run(names: list[str], out: Path, calls: int = 10) -> str:
                 calls_of[n]()
             torch.cuda.synchronize()
             proton.finalize()
-    tree = json.loads((out / "proton_ladder.hatchet").read_text())
-    lines.append(f"## Proton (CUPTI), {calls} calls a target in a scope carrying its FLOPs")
-    for depth, name, m in hatchet_nodes(tree):
-        if depth <= 3:
-            shown = {k: v for k, v in m.items() if isinstance(v, (int, float))}
-            lines.append(f"{'  ' * depth}{name[:70]}  {shown}")
+    return {**proton_summary(out, calls), "env": env_info()}
+
+
+def proton_summary(out: Path, calls: int) -> dict:
+    """The run of ``proton_run`` read back from the hatchet trees it wrote under ``out`` (all but its env)."""
+    targets = []
+    for depth, name, m in hatchet_nodes(json.loads((out / "proton_ladder.hatchet").read_text())):
+        if depth == 1:
+            targets.append({"target": name, "flops": m.get("flops", 0), "kernels": []})
+        elif depth == 2:
+            targets[-1]["kernels"].append({"name": name, "count": m.get("count"), "time_ns": m.get("time (ns)")})
+    sampled = {}
     for n in PC_SAMPLED:
         f = out / f"proton_pcsampling_{n}.hatchet"
-        if not f.exists():
-            continue
-        nodes = list(hatchet_nodes(json.loads(f.read_text())))
-        keys = sorted({k for _, _, m in nodes for k in m})
-        lines.append(f"\n## PC sampling of {n}: {len(nodes)} nodes, metrics {keys}")
-        count = next((k for k in keys if "sample" in k.lower()), None)
-        if count:
-            for depth, name, m in sorted(nodes, key=lambda x: -float(x[2].get(count, 0) or 0))[:40]:
-                stalls = {k: v for k, v in m.items() if k != count and isinstance(v, (int, float)) and v}
-                lines.append(f"{m.get(count)}  {'  ' * min(depth, 6)}{name[:90]}  {dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:5])}")
-    return "\n".join(lines)
+        for _, name, m in hatchet_nodes(json.loads(f.read_text())) if f.exists() else []:
+            if m.get("num_samples"):
+                sampled[n] = {"kernel": name, "samples": m["num_samples"], "stalled": m.get("num_stalled_samples"),
+                              "by_reason": {k.removeprefix("stalled_"): v for k, v in m.items()
+                                            if k.startswith("stalled_") and v}}
+    return {"proton": {"backend": "cupti", "calls": calls, "scopes": "one a target, its FLOPs x calls",
+                       "pc_sampling": "cupti pcsampling, one call"},
+            "targets": targets, "pc_sampling": sampled}
 
 
 def main(argv=None) -> None:
@@ -262,9 +267,13 @@ def main(argv=None) -> None:
         return run_one(a.one)
     if a.proton:
         a.out.mkdir(parents=True, exist_ok=True)
-        text = proton_run([n for n in PROTON_TARGETS if n in a.targets.split(",")], a.out)
-        (a.out / "proton.txt").write_text(text + "\n")
-        return print(text)
+        d = proton_run([n for n in PROTON_TARGETS if n in a.targets.split(",")], a.out)
+        (a.out / "proton.json").write_text(json.dumps(d, indent=1))
+        for t in d["targets"]:
+            ns = sum(k["time_ns"] for k in t["kernels"])
+            print(f"{t['target']:11} {ns / d['proton']['calls'] / 1e3:9.1f} us a call  "
+                  f"{t['flops'] / ns / 1e3:7.1f} TFLOP/s  ({len(t['kernels'])} kernels)")
+        return print(json.dumps(d["pc_sampling"], indent=1))
     from benchmarks.rungs import env_info
     names = [n for n in a.targets.split(",") if n]
     a.out.mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,8 @@ def measured() -> dict:
                 out[step]["rungs"][r["name"]]["verdict"] = r["verdict"]
     if profiles := sorted(RESULTS.glob("*_step13_ncu.json")):     # benchmarks/counters.py: Nsight Compute's records
         out["13_ncu"] = compact_run(json.loads(profiles[-1].read_text()), f"benchmarks/results/{profiles[-1].name}")
+    if protons := sorted(RESULTS.glob("*_step13_proton.json")):   # benchmarks/counters.py --proton
+        out["13_proton"] = {"source": f"benchmarks/results/{protons[-1].name}", **json.loads(protons[-1].read_text())}
     if m := newest_with_methods("10"):
         out["10_methods"] = R.compact(m[1], f"benchmarks/results/{m[0]}")
     probe = _load(PROBE)       # its sweep point under today's name (the probe ran before the rename)

@@ -523,6 +523,74 @@ for name, f in ROWS.items():
 #    More warps help only if $L$ does not grow with them.
 # 7. Change one thing, profile again, keep it only if the duration fell.
 #
+# ## 8. Proton: the same kernels from inside Triton
+#
+# Triton ships its own profiler, Proton (`triton.profiler`). Its default backend is CUPTI, the same
+# library ncu is built on, used the other way round: no replay and no locked clocks, every kernel of the
+# run timed as it ran, grouped under *scopes* that the Python code opens. A scope can carry metrics; given
+# the FLOPs of its calls, Proton reports their TFLOP/s. The course's run (`benchmarks/counters.py --proton`)
+# wraps each Triton target and the two SDPA references in a scope:
+#
+# ```python
+# import triton.profiler as proton
+# proton.start("ladder", hook="triton")                   # writes ladder.hatchet at finalize()
+# with proton.scope("05_v6", {"flops": flops * calls}):   # the course's count of the useful FLOPs
+#     for _ in range(calls):
+#         fn(q, k, v, causal=True)
+# proton.finalize()
+# ```
+#
+# The calls follow one another with no cache flush, so after the first one a call finds part of its
+# inputs in L2, and the clocks boost: Proton's times are the application's, ncu's are reproducible.
+# Proton's second mode, `mode="pcsampling"`, has CUPTI sample each warp's program counter at a fixed
+# interval with its state, the stall reasons of §5 as counts of samples of one real run. (Proton can also
+# instrument the inside of a kernel, `triton.profiler.language.enter_scope`, but Triton 3.6 allows it only
+# in Gluon: its module says why, the compiler's pipelining and reordering of a Triton kernel would leave a
+# marker bracketing something other than what it seems to.) Both, side by side with ncu:
+
+# %%
+from facourse import results
+
+PROTON = results.load("13_proton")
+if PROTON is None:
+    print("No Proton run is committed (course/results/measured.json has no \"13_proton\").")
+else:
+    calls = PROTON["proton"]["calls"]
+    print(f"{PROTON['env']['gpu']}, {PROTON['env']['date']}, Triton {PROTON['env']['triton']}; "
+          f"{calls} calls a target; from {PROTON['source']}")
+    print(f"{'target':11s} {'Proton us/call':>14s} {'TFLOP/s':>8s} {'ncu us (base clocks)':>21s} {'ncu / Proton':>12s}")
+    for t in PROTON["targets"]:
+        ns = sum(k["time_ns"] for k in t["kernels"])
+        ncu = sum(k["gpu__time_duration.sum"] for k in KERNELS.get(t["target"], []))
+        ratio = f"{ncu / (ns / calls):12.2f}" if ncu else f"{'—':>12s}"
+        print(f"{t['target']:11s} {ns / calls / 1e3:14.1f} {t['flops'] / ns / 1e3:8.1f} {ncu / 1e3:21.1f} {ratio}")
+    for t, s in PROTON["pc_sampling"].items():
+        top = sorted(s["by_reason"].items(), key=lambda kv: -kv[1])[:4]
+        ncu_top = sorted(stalls(main_kernel(t)).items(), key=lambda kv: -kv[1])[:4] if t in KERNELS else []
+        print(f"\n{t} ({s['kernel'][:30]}): {s['samples']} samples, {s['stalled']} of them stalled")
+        print("  Proton's PC samples: " + ", ".join(f"{r} {n / s['samples']:.0%}" for r, n in top))
+        if ncu_top:
+            print("  ncu's warp states (cycles per instruction): " + ", ".join(f"{r} {v:.2f}" for r, v in ncu_top))
+
+# %% [markdown]
+# The two profilers rank the kernels alike. For the forwards ncu's durations are the longer ones: its SMs
+# ran at base clock, Proton's at whatever the GPU boosted to, and Proton's repeated calls found a warm L2; the ratio stays below the ratio of the clocks (§1's cell prints ncu's), since a GPU
+# under a long load does not hold its top boost. Only the decode that streams at the memory roof (v4) reads
+# about the same under both: its time is the memory's, and the memory ran at its full clock under ncu too
+# (the cell below); v1 and v3, further below that roof, slow down with the SM clock like the forwards. The
+# sampled stall reasons lead with the same states as ncu's warp-state ratios:
+# barrier and long_scoreboard for step 05's kernel, long_scoreboard for the decode, whose warps wait on
+# the KV cache. Proton answers "where does my program's GPU time go" in the program's own terms, cheaply
+# enough to leave on; ncu answers "why is this one kernel slow" with every counter, at a replay's cost.
+
+# %%
+for t in present("09_v4", "05_v6"):
+    k = main_kernel(t)
+    print(f"{t}: under ncu the DRAM ran at {k['dram__cycles_elapsed.avg.per_second'] / 1e9:.2f} GHz (its maximum: "
+          f"{dev['max_mem_frequency_khz'] / 1e6:.2f} GHz), the SMs at {k['sm__cycles_elapsed.avg.per_second'] / 1e9:.2f} "
+          f"GHz (maximum {dev['max_gpu_frequency_khz'] / 1e6:.2f} GHz)")
+
+# %% [markdown]
 # ## Summary
 #
 # - `ncu` replays each kernel once per pass of counters, restoring its memory and flushing the caches, at
@@ -539,6 +607,8 @@ for name, f in ROWS.items():
 # - On a roofline measured in the same run (a GEMM and a copy), the attention forwards sit right of the
 #   ridge, below the compute roof; decode left of it, at the memory roof; the useful share counts the
 #   masked and padded tiles the tensor cores computed anyway.
+# - Proton, Triton's profiler, times the same kernels as the program runs them (scopes with FLOPs, PC-sampled
+#   stall reasons): cheap enough to leave on, where ncu's replay is for one kernel at a time.
 #
 # **Next:** exercise 13 (`exercises/13_profiling/13_profiling.ipynb`) computes `occupancy(launch, gpu)`, the
 # four limits from a launch, checked against ncu's own on every kernel of this run, and

@@ -7,6 +7,7 @@ limit ncu reported in the committed run, and every classic mistake it names is c
 """
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -174,3 +175,20 @@ def test_the_profile_runners_targets_are_the_course_rungs_and_its_csv_parses():
     assert k["gpu__time_duration.sum"] == 1001056 and k["dram__bytes.sum.per_second"] == 3.5e11
     assert k["_units"]["gpu__time_duration.sum"] == "ns"
     assert profile.KEEP.match("launch__occupancy_limit_registers") and not profile.KEEP.match("device__attribute_x")
+
+
+def test_the_proton_summary_reads_the_hatchet_trees(tmp_path):
+    from benchmarks import counters
+    kernel = {"frame": {"name": "attn_fwd"}, "metrics": {"count": 10, "time (ns)": 6103668}, "children": []}
+    ladder = [{"frame": {"name": "ROOT"}, "metrics": {}, "children": [
+        {"frame": {"name": "05_v6"}, "metrics": {"flops": 2.75e12}, "children": [kernel]}]}]
+    sampled = [{"frame": {"name": "ROOT"}, "metrics": {}, "children": [{"frame": {"name": "05_v6"}, "metrics": {},
+               "children": [{"frame": {"name": "attn_fwd"}, "children": [], "metrics": {
+                   "num_samples": 100, "num_stalled_samples": 60, "stalled_barrier": 40, "stalled_wait": 0}}]}]}]
+    (tmp_path / "proton_ladder.hatchet").write_text(json.dumps(ladder))
+    (tmp_path / "proton_pcsampling_05_v6.hatchet").write_text(json.dumps(sampled))
+    d = counters.proton_summary(tmp_path, 10)
+    assert d["targets"] == [{"target": "05_v6", "flops": 2.75e12,
+                             "kernels": [{"name": "attn_fwd", "count": 10, "time_ns": 6103668}]}]
+    assert d["pc_sampling"] == {"05_v6": {"kernel": "attn_fwd", "samples": 100, "stalled": 60,
+                                          "by_reason": {"barrier": 40}}}

@@ -198,8 +198,17 @@ class ProfileRun:
     targets: list[dict]                           # target, step, rung, config, work, unit, flops, kernels
 
 
+@dataclass
+class ProtonRun:
+    """benchmarks/counters.py --proton: Triton's profiler on the same targets (kernel times, PC-sampled stalls)."""
+    proton: dict                                  # backend, calls a target, what the scopes and the sampling hold
+    env: Env
+    targets: list[dict]                           # target, flops (of all its calls), kernels: name, count, time_ns
+    pc_sampling: dict                             # target -> kernel, samples, stalled, by_reason
+
+
 #: (a file's kind, how to recognise it): the first that matches is validated
-FAMILIES = ((ProfileRun, lambda d: "targets" in d), (TracesRun, lambda d: "traces" in d), (ScriptRun, lambda d: "script" in d),
+FAMILIES = ((ProtonRun, lambda d: "proton" in d), (ProfileRun, lambda d: "targets" in d), (TracesRun, lambda d: "traces" in d), (ScriptRun, lambda d: "script" in d),
             (TileSweep, lambda d: "candidates" in d), (V5Variants, lambda d: "variants" in d),
             (Run, lambda d: "rungs" in d), (TimingProbe, lambda d: "rows" in d))
 
