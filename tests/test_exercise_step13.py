@@ -192,3 +192,14 @@ def test_the_proton_summary_reads_the_hatchet_trees(tmp_path):
                              "kernels": [{"name": "attn_fwd", "count": 10, "time_ns": 6103668}]}]
     assert d["pc_sampling"] == {"05_v6": {"kernel": "attn_fwd", "samples": 100, "stalled": 60,
                                           "by_reason": {"barrier": 40}}}
+
+
+def test_an_error_of_the_function_is_told_with_its_input_and_cause():
+    def stub(launch, gpu):
+        raise NotImplementedError
+    with pytest.raises(ProfilingCheckError, match="not written yet") as err:
+        check_occupancy_fn(stub, "records", seed=0, verbose=False)
+    assert "launch__block_size=" in str(err.value)
+    with pytest.raises(ProfilingCheckError, match="intensity is math.inf"):
+        check_roofline_fn(lambda k, r: k["work"] / (k["dram__bytes.sum.per_second"] * k["gpu__time_duration.sum"]),
+                          "edges", seed=0, verbose=False)
