@@ -242,7 +242,8 @@ def _call(fn, args: tuple, tag: str, zero_hint: str):
         if is_collecting() or isinstance(err, CheckError):
             raise
         shown = ", ".join(f"{k}={v}" for k, v in args[0].items())
-        text = str(err) if type(err).__name__.startswith("_") else f"{type(err).__name__}: {err}"   # a replay's: "Type: ..."
+        text = (str(err).rstrip(": ") if type(err).__name__.startswith("_")   # a replay's own: "Type: message"
+                else f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
         hint = (zero_hint if "ZeroDivision" in text or "division by zero" in text else
                 "the function is not written yet: its body still raises the stub's NotImplementedError"
                 if "NotImplementedError" in text else "")
