@@ -13,7 +13,7 @@ The cases: every kernel of the committed Nsight Compute run (``course/results/me
 occupancy against ncu's own limits), launches and kernels drawn from a seed (against ``occupancy_limits`` and
 ``roofline_reference``, which reproduce every committed record), and the edges. Why not ``rule.compare``: the
 answers are counts and a few floats, not attention; the rest is the rule's: inputs handed over as copies and
-checked untouched, ``Mistake``s named only when they reproduce every answer, nothing decided while collecting.
+checked untouched, ``Mistake``s named by ``rule.diagnose`` only when they reproduce every wrong answer, nothing decided while collecting.
 """
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ import copy
 import math
 import random
 
-from .rule import CheckError, draw_seed, is_collecting, say
+import torch
+
+from .rule import CheckError, Mistake, diagnose, draw_seed, is_collecting, matches, say
 
 LIMITS = ("registers", "shared_mem", "warps", "blocks")
 LAUNCH_KEYS = ("launch__registers_per_thread", "launch__block_size", "launch__shared_mem_per_block_static",
@@ -276,11 +278,13 @@ def check_occupancy_fn(fn, case: str = "records", *, seed: int | None = None, de
     i = bad[0]
     launch = items[i][0]
     which = sorted({LIMITS[j] for k in bad for j in range(4) if got[k][j] != want[k][j]}, key=LIMITS.index)
-    found = next((b for b in OCCUPANCY_MISTAKES if all(occupancy_limits(items[k][0], bug=b) == got[k] for k in range(len(items)))),
-                 None)
     t = launch["launch__block_size"]
+    found = _named(dict(zip(LIMITS, _columns(got, torch.int64))), set(which), dict(zip(LIMITS, _columns(want, torch.int64))),
+                   {OCCUPANCY_MISTAKES[b].format(t=t, w=t // 32):
+                    lambda b=b: _columns([occupancy_limits(launch, bug=b) for launch, _ in items], torch.int64)
+                    for b in OCCUPANCY_MISTAKES}, LIMITS, lambda name, alt: 0.0)
     if found:
-        cause = OCCUPANCY_MISTAKES[found].format(t=t, w=t // 32)
+        cause = found
     elif which == ["blocks"]:
         cause = "the blocks limit is the SM's own (gpu['max_blocks_per_multiprocessor']), whatever the kernel"
     elif which == ["warps"]:
@@ -299,6 +303,25 @@ def check_occupancy_fn(fn, case: str = "records", *, seed: int | None = None, de
         f"  launch {i}: {shown}\n  got {dict(zip(LIMITS, got[i]))}\n"
         f"  {'ncu reported' if items[i][1] else 'the rule gives'} {dict(zip(LIMITS, want[i]))}\n"
         f"  likely cause: {cause}")
+
+
+def _columns(rows: list, dtype) -> list:
+    """The answers of a case as one tensor per output: "memory" as 1 and "compute" as 0, None as NaN."""
+    def num(x):
+        return {"memory": 1.0, "compute": 0.0}[x] if isinstance(x, str) else math.nan if x is None else x
+    return [torch.tensor([num(r[j]) for r in rows], dtype=dtype) for j in range(len(rows[0]))]
+
+
+def _named(got: dict, wrong: set, want: dict, produce: dict, names: tuple, tol) -> str | None:
+    """The cause of the first mistake that reproduces the wrong answers (``rule.diagnose``); a mistake breaks the
+    outputs where it differs from the reference on these inputs."""
+    mistakes = []
+    for cause, make in produce.items():
+        alt = dict(zip(names, make()))
+        mistakes.append(Mistake(cause, lambda alt=alt: alt, frozenset(
+            n for n in names if not matches(alt[n], want[n], tol(n, want[n])))))
+    m = diagnose(got, wrong, mistakes, tol)
+    return m.cause if m else None
 
 
 # ----------------------------------------------------------------------------- the roofline
@@ -396,11 +419,17 @@ def check_roofline_fn(fn, case: str = "records", *, seed: int | None = None, dev
         return
     i = wrong[0][0]
     names = sorted({_ROOF_NAMES[j] for _, j in wrong}, key=_ROOF_NAMES.index)
-    found = next((b for b in ROOFLINE_MISTAKES if all(
-        all(_roof_equal(o[j], w[j]) for j in range(5))
-        for o, w in zip(outs, (roofline_reference(k, r, b) for k, r in zip(kernels, roofs))))), None)
+    try:
+        got_t = dict(zip(_ROOF_NAMES, _columns(outs, torch.float64)))
+    except (TypeError, ValueError):                  # an answer that is no number: no mistake reproduces it
+        got_t = None
+    found = got_t and _named(got_t, set(names), dict(zip(_ROOF_NAMES, _columns(want, torch.float64))),
+                             {text: lambda b=b: _columns([roofline_reference(k, r, b) for k, r in zip(kernels, roofs)],
+                                                         torch.float64)
+                              for b, text in ROOFLINE_MISTAKES.items()}, _ROOF_NAMES,
+                             lambda name, alt: REL_TOL * float(alt.nan_to_num(0.0, 0.0, 0.0).abs().max()))
     if found:
-        cause = ROOFLINE_MISTAKES[found]
+        cause = found
     elif names == ["bound"]:
         cause = ("a kernel is memory-bound where intensity x bandwidth is below the peak (left of the ridge, "
                  "peak / bandwidth FLOP per byte), compute-bound from the ridge on: 'memory' or 'compute'")
