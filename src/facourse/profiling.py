@@ -13,7 +13,8 @@ The cases: every kernel of the committed Nsight Compute run (``course/results/me
 occupancy against ncu's own limits), launches and kernels drawn from a seed (against ``occupancy_limits`` and
 ``roofline_reference``, which reproduce every committed record), and the edges. Why not ``rule.compare``: the
 answers are counts and a few floats, not attention; the rest is the rule's: inputs handed over as copies and
-checked untouched, ``Mistake``s named by ``rule.diagnose`` only when they reproduce every wrong answer, nothing decided while collecting.
+checked untouched, ``Mistake``s named by ``rule.diagnose`` only when they reproduce every wrong answer, nothing
+decided while collecting.
 """
 from __future__ import annotations
 
@@ -279,10 +280,11 @@ def check_occupancy_fn(fn, case: str = "records", *, seed: int | None = None, de
     launch = items[i][0]
     which = sorted({LIMITS[j] for k in bad for j in range(4) if got[k][j] != want[k][j]}, key=LIMITS.index)
     t = launch["launch__block_size"]
-    found = _named(dict(zip(LIMITS, _columns(got, torch.int64))), set(which), dict(zip(LIMITS, _columns(want, torch.int64))),
-                   {OCCUPANCY_MISTAKES[b].format(t=t, w=t // 32):
-                    lambda b=b: _columns([occupancy_limits(launch, bug=b) for launch, _ in items], torch.int64)
-                    for b in OCCUPANCY_MISTAKES}, LIMITS, lambda name, alt: 0.0)
+    produce = {OCCUPANCY_MISTAKES[b].format(t=t, w=t // 32):
+               lambda b=b: _columns([occupancy_limits(x, bug=b) for x, _ in items], torch.int64)
+               for b in OCCUPANCY_MISTAKES}
+    found = _named(dict(zip(LIMITS, _columns(got, torch.int64))), set(which),
+                   dict(zip(LIMITS, _columns(want, torch.int64))), produce, LIMITS, lambda name, alt: 0.0)
     if found:
         cause = found
     elif which == ["blocks"]:
@@ -448,6 +450,7 @@ def check_roofline_fn(fn, case: str = "records", *, seed: int | None = None, dev
 
 
 __all__ = ["CARVEOUTS_KB", "LAUNCH_KEYS", "LIMITS", "OCCUPANCY_CASES", "OCCUPANCY_GPU", "ROOFLINE_CASES",
-           "OCCUPANCY_MISTAKES", "ROOFLINE_MISTAKES", "ProfilingCheckError", "check_occupancy_fn", "check_roofline_fn", "compact_run", "load_run", "occupancy_inputs",
+           "OCCUPANCY_MISTAKES", "ROOFLINE_MISTAKES", "ProfilingCheckError", "check_occupancy_fn", "check_roofline_fn",
+           "compact_run", "load_run", "occupancy_inputs",
            "occupancy_limits", "record_kernels", "record_launches", "records_table", "roofline_inputs", "summary_table",
            "roofline_reference"]
