@@ -546,7 +546,9 @@ for name, f in ROWS.items():
 # interval with its state, the stall reasons of §5 as counts of samples of one real run. (Proton can also
 # instrument the inside of a kernel, `triton.profiler.language.enter_scope`, but Triton 3.6 allows it only
 # in Gluon: its module says why, the compiler's pipelining and reordering of a Triton kernel would leave a
-# marker bracketing something other than what it seems to.) Both, side by side with ncu:
+# marker bracketing something other than what it seems to.) Both, side by side with ncu. The two are separate
+# runs (ncu replays a process that Proton would watch), half an hour apart on H200s lent to the same session,
+# not necessarily the same card: read the last column as a tool's effect, not a measured constant.
 
 # %%
 from facourse import results
