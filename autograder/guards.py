@@ -81,7 +81,14 @@ _KV_COPY_CAUSE = ("K and V copied once per query head (GQA expanded outside the 
 _ATEN_EXP = {"aten::exp", "aten::exp2", "aten::expm1", "aten::special_exp2", "aten::special_expm1", "aten::ldexp",
              "aten::float_power", "aten::sigmoid", "aten::special_expit", "aten::tanh", "aten::sinh", "aten::cosh",
              "aten::logsumexp", "aten::logaddexp", "aten::logaddexp2", "aten::softplus", "aten::elu", "aten::celu",
-             "aten::selu", "aten::silu", "aten::mish", "aten::gelu", "aten::erf", "aten::erfc", "aten::polar"} \
+             "aten::selu", "aten::silu", "aten::mish", "aten::gelu", "aten::erf", "aten::erfc", "aten::polar",
+             # ops whose result is an exponential of their input in disguise: glu's sigmoid, the softmax
+             # backwards (log_softmax's returns e^y), the masked softmax, losses on logits, Bessel's scaled forms
+             "aten::glu", "aten::_log_softmax_backward_data", "aten::_softmax_backward_data", "aten::_masked_softmax",
+             "aten::log_sigmoid", "aten::log_sigmoid_forward", "aten::binary_cross_entropy_with_logits",
+             "aten::soft_margin_loss", "aten::multilabel_soft_margin_loss", "aten::kl_div", "aten::poisson_nll_loss",
+             "aten::special_erfcx", "aten::special_log_ndtr", "aten::special_ndtr", "aten::i0", "aten::special_i0e",
+             "aten::special_i1", "aten::special_i1e"} \
     | set(_ATEN_SOFTMAX)
 _EXP_CAUSE = ("this exercise computes 2^x itself, as FlashAttention-4 does on the FMA pipes: the range reduction, "
               "a polynomial for 2^f and the exponent bits. PyTorch's exponentials (exp, exp2, pow with a tensor "

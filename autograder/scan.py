@@ -49,6 +49,8 @@ FRAMEWORK_ATTENTION = re.compile(r"scaled_dot_product_attention|multi_head_atten
                                  r"flash_attn|\b_scaled_dot_product|\b_flash_attention|\b_efficient_attention|"
                                  r"cudnn_attention|sdpa_kernel|sdpa_reference|torch_attention|"
                                  r"reference_attention|flex_attention(?!_triton)|varlen_attn")   # (step 10's entry point is ours)
+# Attributes that look a name up at run time (a module's __dict__, a frame's globals): for an instructor to look at
+LOOKUP_ATTRS = ("__dict__", "_getframe", "f_globals", "f_locals", "f_back", "f_builtins")
 # Step 11: what facourse.interchange holds of the exercise's answers (the spec it checks against, the
 # grader's own definition and candidates): a submission that uses them instead of writing its own
 # definition is for an instructor to look at.
@@ -176,6 +178,7 @@ class _Visitor(ast.NodeVisitor):
 
     # calls and names -----------------------------------------------------------------
     def visit_Call(self, node):
+        self._reference_named(node)
         name = _dotted(node.func)
         last = name.split(".")[-1]
         parts = tuple(name.split(".")[-2:])
@@ -193,6 +196,8 @@ class _Visitor(ast.NodeVisitor):
             target = _dotted(node.args[0])
             severity = "tamper" if target.split(".")[0] in self.modules else "review"
             self.hit(severity, node, f"getattr with a computed name on {target or 'an object'}")
+        elif name in ("vars", "globals", "inspect.currentframe", "inspect.stack"):
+            self.hit("review", node, f"calls {name}() (a lookup by name the scan cannot follow)")
         elif name == "open" and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax+")
                                     for a in [*node.args[1:2], *[k.value for k in node.keywords if k.arg == "mode"]]):
             self.hit("review", node, "opens a file for writing")
@@ -202,6 +207,8 @@ class _Visitor(ast.NodeVisitor):
 
     def visit_Attribute(self, node):
         full = _dotted(node)
+        if node.attr in LOOKUP_ATTRS and isinstance(node.ctx, ast.Load):
+            self.hit("review", node, f"reads {node.attr} (a lookup by name the scan cannot follow)")
         if full.startswith(("sys.modules", "builtins.", "__builtins__")) or tuple(full.split(".")[:2]) in TAMPER_ATTRS:
             if isinstance(node.ctx, ast.Load) and full not in ("os.environ",):
                 self.hit("tamper", node, f"uses {full}")
@@ -214,6 +221,45 @@ class _Visitor(ast.NodeVisitor):
     def visit_Constant(self, node):
         if isinstance(node.value, str) and "FACOURSE_JUDGE" in node.value:
             self.hit("tamper", node, "reads the judge's address")
+        self._reference_named(node)
+
+    def visit_BinOp(self, node):
+        self._reference_named(node)
+        self.generic_visit(node)
+
+    def visit_JoinedStr(self, node):
+        self._reference_named(node)
+        self.generic_visit(node)
+
+    def _reference_named(self, node):
+        """A string that spells a step's reference ("occupancy" "_limits", "roofline_" + "reference"), for a
+        lookup by name (getattr, a module's __dict__) that the line scan cannot see."""
+        m = STEP_REFERENCES.search(_folded(node) or "")
+        if m:
+            self.hit("review", node, _reference_rule(m.group(0)))
+
+
+def _reference_rule(name: str) -> str:
+    return f"calls the course's own reference ({name}) instead of writing it"
+
+
+def _folded(node) -> str | None:
+    """The text of a string expression made of constants alone ("a" "b", "a" + "b", f"a{'b'}", "".join(["a", "b"]))."""
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        a, b = _folded(node.left), _folded(node.right)
+        return None if a is None or b is None else a + b
+    if isinstance(node, ast.FormattedValue):
+        return _folded(node.value)
+    if isinstance(node, ast.JoinedStr):
+        parts = [_folded(v) for v in node.values]
+        return None if None in parts else "".join(parts)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
+            and len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple))):
+        sep, parts = _folded(node.func.value), [_folded(e) for e in node.args[0].elts]
+        return None if sep is None or None in parts else sep.join(parts)
+    return None
 
 
 def student_cells(nb: dict) -> list[tuple[str, str]]:
@@ -270,9 +316,8 @@ def scan_source(source: str, where: str) -> list[Flag]:
             flags.append(Flag("review", f"{where}, line {n}", f"uses facourse.interchange's own spec or grader data "
                                                                f"({m.group(0)}) instead of writing it", ln))
         m = STEP_REFERENCES.search(ln)
-        if m and not ln.lstrip().startswith("#"):
-            flags.append(Flag("review", f"{where}, line {n}", f"calls the course's own reference ({m.group(0)}) "
-                                                               "instead of writing it", ln))
+        if m and not ln.lstrip().startswith("#") and (n, _reference_rule(m.group(0))) not in seen:
+            flags.append(Flag("review", f"{where}, line {n}", _reference_rule(m.group(0)), ln))
         m = OTHER_EXPONENTIALS.search(ln)
         if m and not ln.lstrip().startswith("#"):
             flags.append(Flag("review", f"{where}, line {n}", f"computes with NumPy or math ({m.group(0)}), where the "

@@ -12,6 +12,7 @@ tuple or list ``{"seq": [...], "kind": "tuple"}``, a plain value ``{"v": x}``, a
 from __future__ import annotations
 
 import json
+import numbers
 import socket
 import struct
 
@@ -45,6 +46,12 @@ def encode(value, blobs: list[bytes]):
     if isinstance(value, (tuple, list)):
         return {"seq": [encode(x, blobs) for x in value], "kind": type(value).__name__
                 if type(value) in (tuple, list) else "tuple"}
+    if isinstance(value, numbers.Number) and not isinstance(value, (bool, int, float)):
+        # NumPy's scalars (np.int64, np.float32) travel as the plain numbers they stand for
+        if isinstance(value, numbers.Integral):
+            return {"v": int(value)}
+        if isinstance(value, numbers.Real):
+            return encode(float(value), blobs)
     if value is None or isinstance(value, (bool, int, float, str)):
         if isinstance(value, float) and value != value:
             return {"v": "nan", "float": True}

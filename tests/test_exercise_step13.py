@@ -129,6 +129,25 @@ def test_wrong_answers_are_told_apart():
     says(check_roofline_fn, lambda k, r: roof(k, r)[:4], "records", "must return a tuple")
     says(check_roofline_fn, lambda k, r: (*roof(k, r)[:4], 0.0), "edges", "None where the tensor cores did nothing")
     says(check_roofline_fn, lambda k, r: (*roof(k, r)[:3], "memory", roof(k, r)[4]), "records", "'memory' or 'compute'")
+    says(check_roofline_fn, lambda k, r: (*roof(k, r)[:3], roof(k, r)[3].title(), roof(k, r)[4]), "records",
+         "it must be the string 'memory' or 'compute'")
+    says(check_occupancy_fn, lambda launch, gpu: (*occ(launch, gpu)[:3], math.nan), "records", "whole number")
+
+    def ridge_memory(k, r):                    # memory-bound up to the ridge included: the edge case's fourth kernel
+        i, t, roof_t, bound, u = roof(k, r)
+        return i, t, roof_t, "memory" if i * r["gbps"] / 1e3 <= r["tflops"] else "compute", u
+    says(check_roofline_fn, ridge_memory, "edges", "bound")
+
+
+def test_numpy_scalars_are_plain_numbers_in_the_judge():
+    """Limits computed with NumPy (np.int64) are the whole numbers they stand for, there and in the judge."""
+    import numpy as np
+    from autograder.wire import decode, encode
+    blobs = []
+    assert decode(encode((np.int64(3), np.float32(2.5), np.int32(0)), blobs), blobs) == (3, 2.5, 0)
+    occ = _solution()["occupancy"]
+    check_occupancy_fn(lambda launch, gpu: tuple(np.int64(x) for x in occ(launch, gpu)), "records", seed=5,
+                       verbose=False)
 
 
 def test_a_lookup_of_the_committed_answers_fails_the_hidden_cases():
@@ -148,8 +167,14 @@ def test_a_lookup_of_the_committed_answers_fails_the_hidden_cases():
 def test_the_scan_flags_a_call_of_the_references():
     for src in ("from facourse.profiling import occupancy_limits\noccupancy = occupancy_limits\n",
                 "import facourse.profiling as p\ndef roofline_point(k, r):\n    return p.roofline_reference(k, r)\n",
-                "from facourse.fa4 import lazy_step\n"):                          # step 14's reference too
-        assert any("the course's own reference" in f.rule for f in scan_source(src, "cell occupancy"))
+                "from facourse.fa4 import lazy_step\n",                          # step 14's reference too
+                # looked up by a name the line never spells
+                "import facourse.profiling as p\noccupancy = getattr(p, 'occupancy' '_limits')\n",
+                "import facourse.profiling as p\noccupancy = p.__dict__['occupancy' + '_limits']\n",
+                "import facourse.fa4 as F\nstep = vars(F)[''.join(['lazy', '_step'])]\n"):
+        assert any("the course's own reference" in f.rule for f in scan_source(src, "cell occupancy")), src
+    frame = "import sys\ndef occupancy(l, g):\n    return sys._getframe(1).f_globals['x'](l, g)\n"
+    assert any("a lookup by name" in f.rule for f in scan_source(frame, "cell occupancy"))
     assert not scan_source(solution_code(A13)["occupancy"], "cell occupancy")
 
 

@@ -113,14 +113,40 @@ def test_wrong_results_are_told_apart():
     # scores read as natural-log units: both the threshold and P are off, and m is what shows it first
     says(check_rescale_fn, natural, "growing", "m is wrong in rows 0-47")
 
+    # the range reduction's variants, each told by what it does (a fit on [0, 1) evaluated on round's [-1/2, 0),
+    # a clamp from above, a clamp from below that leaves -inf at the clamp's value)
+    coeffs = sol["exp2_coefficients"]()
+
+    def poly(f):
+        p = torch.zeros_like(f)
+        for c in reversed(coeffs):
+            p = (p + c) * f
+        return p + 1.0
+
+    def rounded(x):
+        x = x.clamp(min=-127.0)
+        n = torch.round(x)
+        return (poly(x - n).view(torch.int32) + (n.to(torch.int32) << 23)).view(torch.float32)
+
+    says(check_exp2_fn, rounded, "grid", "n = round(x) makes f = x - n negative")
+    says(check_exp2_fn, lambda x: exp2(x.clamp(max=64.0)), "edges", "x is clamped from above")
+    says(check_exp2_fn, lambda x: exp2(x.clamp(min=-126.0)), "softmax", "the clamp from below keeps 2^x")
+
 
 # ----------------------------------------------------------------------------- the guard
 @pytest.mark.parametrize("route", [
     lambda x: torch.exp2(x), lambda x: x.exp(), lambda x: torch.pow(2.0, x), lambda x: 2.0 ** x,
     lambda x: torch.ldexp(torch.ones_like(x), x), lambda x: torch.special.exp2(x), lambda x: x.clone().exp2_(),
     lambda x: torch.ops.aten.exp2.default(x), lambda x: torch.sigmoid(x), lambda x: torch.pow(torch.full_like(x, 2.0), x),
+    # exponentials in disguise: glu's sigmoid, log_softmax's backward (e^y), the masked softmax
+    lambda x: torch.nn.functional.glu(torch.stack([torch.ones_like(x), x], -1), -1),
+    lambda x: torch.ops.aten._log_softmax_backward_data(torch.stack([torch.zeros_like(x), -torch.ones_like(x)], -1),
+                                                         torch.stack([x, torch.zeros_like(x)], -1), -1, torch.float32),
+    lambda x: torch.ops.aten._masked_softmax(torch.stack([x, torch.zeros_like(x)], -1),
+                                             torch.zeros(x.numel(), 2, dtype=torch.bool)),
+    lambda x: torch.nn.functional.poisson_nll_loss(x, torch.zeros_like(x), log_input=True, reduction="none"),
 ], ids=["exp2", "Tensor.exp", "pow(2, x)", "2 ** x", "ldexp", "special.exp2", "exp2_", "aten", "sigmoid",
-        "pow(tensor, x)"])
+        "pow(tensor, x)", "glu", "log_softmax backward", "masked softmax", "poisson_nll_loss"])
 def test_the_guard_refuses_pytorchs_exponentials(route):
     x = torch.linspace(-3, 0, 7)
     with pytest.raises(CheatDetected, match="exponential"):

@@ -191,7 +191,7 @@ judge("test_exp2_grid", exp2_poly)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_exp2_edges", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# hidden test: -inf, x below -126, whole numbers from -126 to 100 and values just below them
+# hidden test: -inf, x below -126, whole numbers from -126 to 127, values just below them and up to 128
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_exp2_edges", exp2_poly)

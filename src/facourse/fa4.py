@@ -44,7 +44,8 @@ RESCALE_BOUND = 2.0 ** -11
 EXP2_CASES = {
     "softmax": "x = S - m of attention scores in base 2 (x <= 0; -inf where the causal mask hides a key)",
     "grid": "f over [0, 1) at 2^-12 steps, shifted by every whole number n from -24 to 8 (FA4's P reaches 2^8)",
-    "edges": "-inf, whole numbers from -126 to 100, values just below whole numbers, -0.0, and x below -126",
+    "edges": "-inf, whole numbers from -126 to 127, values just below whole numbers and up to 128, -0.0, and x below "
+             "-126",
 }
 
 RESCALE_CASES = {
@@ -76,10 +77,11 @@ def exp2_inputs(case: str, seed: int, device=None) -> torch.Tensor:
         f = torch.arange(0, 4096) / 4096.0 + torch.rand(4096, generator=g) / 4096.0
         x = torch.arange(-24, 9, dtype=torch.float32)[:, None] + f[None, :]
     else:
-        whole = torch.arange(-126, 101, dtype=torch.float32)
+        whole = torch.arange(-126, 128, dtype=torch.float32)
         below = whole - torch.rand(whole.shape, generator=g) * 1e-4 - 2e-7              # f just under 1
         under = -126.0 - 60.0 * torch.rand(64, generator=g)                              # 2^x under TINY
-        x = torch.cat([whole, below, under, torch.tensor([float("-inf")] * 8 + [-0.0, -1e-30, -300.0, -1e4])])
+        top = 127.0 + 0.99 * torch.rand(8, generator=g)                                   # the largest normals
+        x = torch.cat([whole, below, under, top, torch.tensor([float("-inf")] * 8 + [-0.0, -1e-30, -300.0, -1e4])])
         x = x[torch.randperm(x.numel(), generator=g)]
     return x.to(torch.float32).to(dev)
 
@@ -100,9 +102,17 @@ def _exp2_cause(x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor, bad: torch.
     neg_inf = torch.isneginf(x)
     tiny = ~neg_inf & (ref < TINY)
     normal = ~neg_inf & ~tiny
+    at_inf = y[bad & neg_inf]
+    if (bool((bad & neg_inf).any()) and not bool((bad & ~neg_inf).any()) and bool(torch.isfinite(at_inf).all())
+            and bool((at_inf > 0).all())):
+        floor = math.log2(float(at_inf.max()))
+        return (f"x = -inf gives {float(at_inf.max()):.6g} = 2^{floor:.4g}, not 0: the clamp from below keeps 2^x "
+                "at the clamp's value. A masked score must give exactly 0: clamp to -127 when your polynomial gives "
+                "exactly 1 at f = 0 (the exponent bits then come out 0), or set the result to 0 where x < -126")
     if bool((bad & neg_inf).any()) and not bool((bad & ~neg_inf).any()):
-        return ("x = -inf (a masked score) must give 0: floor(-inf) is -inf and converting it to an integer "
-                "is undefined (NaN or garbage in the exponent bits). Clamp x from below first: to -127 when "
+        return (f"x = -inf (a masked score) must give 0, and gave {float(at_inf[0]):.6g}: unclamped, floor(-inf) is "
+                "-inf and converting it to an integer is undefined (NaN or garbage in the exponent bits); clamped "
+                "below -127, n + 127 < 0 wraps the exponent field. Clamp x from below first: to -127 when "
                 "your polynomial gives exactly 1 at f = 0 (then the bits come out 0), else to -126 (a p(0) just "
                 "under 1 has exponent field 126, and n = -127 takes it below zero)")
     if bool((bad & tiny).any()) and not bool((bad & normal).any()):
@@ -118,6 +128,18 @@ def _exp2_cause(x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor, bad: torch.
                     "whose exponent field already holds the bias 127; add n << 23 to its bits, no more")
     f = x - torch.floor(x)
     finite_bad = bad & normal
+    good = normal & ~bad
+    if bool(finite_bad.any()) and bool(good.any()):
+        x0, ys = float(x[good].max()), y[finite_bad]
+        if float(x[finite_bad].min()) > x0 and float(ys.max()) == float(ys.min()):
+            return (f"every x above {x0:.6g} gives the same {float(ys[0]):.6g}: x is clamped from above. 2^x must be "
+                    "right wherever it is a normal float32 (up to x < 128): clamp x from below only")
+        rel_at = lambda lo, hi: float(rel[normal & (f >= lo) & (f < hi)].max()) if bool((normal & (f >= lo) & (f < hi)).any()) else 0.0
+        if (not bool((finite_bad & (f < 0.5)).any()) and bool((good & (f < 0.5)).any())
+                and rel_at(0.5, 0.5625) > rel_at(0.9375, 1.0)):
+            return ("wrong exactly where x - floor(x) >= 1/2: n = round(x) makes f = x - n negative there, in "
+                    "[-1/2, 0), outside the interval [0, 1) your polynomial was fitted on. Fit it on [-1/2, 1/2] "
+                    "(then keep round), or take n = floor(x)")
     pos, negf = normal & (x > 0) & (f > 0), normal & (x < 0) & (f > 0)
     if bool(pos.any()) and bool((finite_bad & negf).any()) and not bool((finite_bad & pos).any()):
         return ("wrong only for negative x that are no whole number: the range reduction rounds toward zero "

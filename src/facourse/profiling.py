@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import random
 
 import torch
@@ -229,7 +230,7 @@ def _as_limits(out, tag: str) -> tuple:
         raise ProfilingCheckError(f"{tag}: occupancy must return a tuple of four whole numbers "
                                   f"(registers, shared_mem, warps, blocks), got {type(out).__name__} {out!r:.80}")
     for x in out:
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or x != int(x):
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x != int(x):
             raise ProfilingCheckError(f"{tag}: occupancy returned {out!r}: each limit is a whole number of blocks "
                                       "(an int: floor the divisions)")
     return tuple(int(x) for x in out)
@@ -372,7 +373,9 @@ def roofline_inputs(case: str, seed: int) -> tuple[list[dict], list[dict]]:
           {"gpu__time_duration.sum": 4e3, "dram__bytes.sum.per_second": 0.0, "sm__ops_path_tensor_src_fp16.sum": 2e9,
            "work": 1e9},                                                   # everything in L2
           {"gpu__time_duration.sum": ns, "dram__bytes.sum.per_second": 1e12,
-           "sm__ops_path_tensor_src_fp16.sum": 4e14, "work": ridge * 1e12 * ns * 1e-9 * 2}]   # above the ridge
+           "sm__ops_path_tensor_src_fp16.sum": 4e14, "work": ridge * 1e12 * ns * 1e-9 * 2},   # above the ridge
+          {"gpu__time_duration.sum": ns, "dram__bytes.sum.per_second": 4e12,
+           "sm__ops_path_tensor_src_fp16.sum": 8e11, "work": ridge * 4e12 * ns * 1e-9}]       # exactly at it
     return ks, [roofs] * len(ks)
 
 
@@ -413,6 +416,9 @@ def check_roofline_fn(fn, case: str = "records", *, seed: int | None = None, dev
         if not (isinstance(o, (tuple, list)) and len(o) == 5):
             raise ProfilingCheckError(f"{tag}: roofline_point must return a tuple (intensity, tflops, roof_tflops, "
                                       f"bound, useful), got {type(o).__name__} {o!r:.80}")
+        if not (isinstance(o[3], str) and o[3] in ("memory", "compute")):
+            raise ProfilingCheckError(f"{tag}: kernel {i}: bound is {o[3]!r:.40}; it must be the string 'memory' or "
+                                      "'compute' (lower case, no suffix)")
     want = [roofline_reference(k, r) for k, r in zip(kernels, roofs)]
     wrong = [(i, j) for i, (o, w) in enumerate(zip(outs, want)) for j in range(5) if not _roof_equal(o[j], w[j])]
     if not wrong:
