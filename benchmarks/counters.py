@@ -51,6 +51,11 @@ TARGETS = {
     "09_v4": ("09", "v4_tuned", "b64_8k_p16"),
     "08_v3": ("08", "v3_tma_causal_split", "large"),
     "08_v4": ("08", "v4_hopper", "large"),
+    "13_v0": ("13", "v0_slow", "large"),
+    "13_v1": ("13", "v1_fp16_dots", "large"),
+    "13_v2": ("13", "v2_eight_warps", "large"),
+    "13_v3": ("13", "v3_pipelined", "large"),
+    "13_v4": ("13", "v4_causal_split", "large"),
     "sdpa_flash": ("sdpa", "FLASH_ATTENTION", "large"),
     "sdpa_cudnn": ("sdpa", "CUDNN_ATTENTION", "large"),
 }
@@ -59,7 +64,7 @@ KEEP = re.compile(r"^(Kernel Name|Block Size|Grid Size|launch__(registers_per_th
                   r"occupancy_limit_|waves_per|cluster_size|sm_count)|sm__maximum_warps_per_active_cycle_pct|"
                   r"sm__warps_active\.avg\.pct_of_peak_sustained_active|gpu__time_duration\.sum|"
                   r"(sm|dram)__cycles_elapsed\.avg\.per_second|sm__cycles_active\.avg$|dram__bytes\.sum\.(per_second|peak_sustained)|"
-                  r"sm__ops_path_tensor_src_(fp16|bf16|fp8)\.sum(\.peak_sustained)?$|"
+                  r"sm__ops_path_tensor_src_(fp16|bf16|fp8|tf32)\.sum(\.peak_sustained)?$|"
                   r"(sm__throughput|gpu__compute_memory_throughput|gpu__dram_throughput)\.avg\.pct_of_peak_sustained_elapsed|"
                   r"sm__pipe_tensor_cycles_active\.avg\.pct_of_peak_sustained_active|"
                   r"smsp__average_warps_issue_stalled_.*_per_issue_active|smsp__issue_active\.avg\.pct_of_peak_sustained_active|"

@@ -323,6 +323,17 @@ def _nvidia_wheel_bins():
     return bins
 
 
+def cubin_usage(cubin: bytes) -> dict[str, int]:
+    """A cubin's resources as ``cuobjdump --dump-resource-usage`` reads them (one kernel): REG (registers a thread),
+    STACK (bytes a thread: where ptxas spills), SHARED (static bytes), among others."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([find_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"\b([A-Z]+):(\d+)", out)}
+
+
 def find_cuobjdump() -> str | None:
     """cuobjdump on PATH, in the CUDA toolkit, or from the ``nvidia-cuda-cuobjdump`` pip package."""
     if tool := shutil.which("cuobjdump"):

@@ -47,13 +47,14 @@ def interpret_without_gpu() -> bool:
     return True
 
 
-def compile_for(fn, types: dict, const: dict, capability: int = 90, **options):
+def compile_for(fn, types: dict, const: dict, capability: int = 90, divisible: tuple = (), **options):
     """``fn`` (a ``@triton.jit`` or ``@gluon.jit`` kernel defined with the interpreter off) compiled by Triton for an
     NVIDIA GPU of compute ``capability``, no GPU needed: the arguments named in ``const`` are those constexprs (a
     constexpr parameter left out takes its default), the others typed by ``types`` (Triton's names: "*fp16", "fp32",
     "tensordesc<fp8e4nv[16, 128]>", Gluon's with the layout after a comma; default "i32"), every pointer 16-byte
-    aligned. ``options``: Triton's (num_warps, num_stages). Returns the CompiledKernel (its ``asm``: ttgir, ptx,
-    cubin)."""
+    aligned, and the integers named in ``divisible`` multiples of 16 (what a launch with such values specialises,
+    strides of [B, H, S, 128] tensors among them). ``options``: Triton's (num_warps, num_stages). Returns the
+    CompiledKernel (its ``asm``: ttgir, ptx, cubin)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
@@ -62,7 +63,7 @@ def compile_for(fn, types: dict, const: dict, capability: int = 90, **options):
     # a constexpr left out takes its default, as at a launch (typed "i32" it would compile as a runtime branch)
     const = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **const}
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*") or n in divisible}
     source = GluonASTSource if isinstance(fn, GluonJITFunction) else triton.compiler.ASTSource   # Gluon's or Triton's
     src = source(fn=fn, signature=sig, attrs=attrs, constexprs={(names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)

@@ -15,6 +15,8 @@ The switches (keyword arguments of ``attn_fwd``, alongside GROUP, D, CAUSAL, BLO
 - ``DESC``: how tiles are read and O written. POINTERS: pointer arithmetic and masked loads
   (v2-v4); DEVICE_DESC: 2-D tensor descriptors built in the kernel per (batch, head) (v5, TMA);
   HOST_DESC: 4-D descriptors [B, H, S, D] built on the host and passed as Q, K, V, O (v6).
+- ``F32_DOTS`` (default False): Q, K^T, P and V cast to fp32 before both dots, which Triton runs as TF32:
+  one of the defects of step 13's slow kernel (solutions/13_profiling/ladder/v0_slow.py).
 
 The host helpers (``prepare``, ``kernel_args``, ``launch_fixed``, ``autotuned``, ``launch_tuned``,
 ``tma_ready``, ``run_standalone``) are the parts of the wrappers every rung shares. Rung v1 (one tile only) keeps its
@@ -131,18 +133,24 @@ def causal_split_bounds(start_m, off, Skv, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 @triton.jit
 def attn_tiles(acc, m_i, l_i, q, k_ref, v_ref, b, h_kv, stride_kn, stride_vn, offs_m, lo, hi, Skv,
                qk_scale, off, BLOCK_N: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, EXP2: tl.constexpr, DESC: tl.constexpr):
+               CAUSAL: tl.constexpr, EXP2: tl.constexpr, DESC: tl.constexpr, F32_DOTS: tl.constexpr):
     """Visit key tiles [lo, hi) of one query tile. MASKED tiles check bounds and the diagonal."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         kT, v = load_kv(k_ref, v_ref, b, h_kv, start_n, offs_n, stride_kn, stride_vn, Skv,
                         BLOCK_N, D, MASKED, DESC)
-        s = tl.dot(q, kT)                                                  # S_ij = Q_i K_j^T
+        if F32_DOTS:
+            s = tl.dot(q.to(tl.float32), kT.to(tl.float32))               # TF32 on the tensor cores
+        else:
+            s = tl.dot(q, kT)                                              # S_ij = Q_i K_j^T
         if MASKED:
             s = apply_mask(s, start_n + offs_n, offs_m, Skv, off, CAUSAL)
         m_i, l_i, alpha, p = online_softmax_update(m_i, l_i, s, qk_scale, EXP2)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)                                # O_i += P_ij V_j
+        if F32_DOTS:
+            acc = tl.dot(p, v.to(tl.float32), acc)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)                            # O_i += P_ij V_j
     return acc, m_i, l_i
 
 
@@ -153,7 +161,8 @@ def attn_fwd(Q, K, V, O, LSE,
              Hq, Sq, Skv, qk_scale,
              GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             EXP2: tl.constexpr, CAUSAL_SPLIT: tl.constexpr, DESC: tl.constexpr):
+             EXP2: tl.constexpr, CAUSAL_SPLIT: tl.constexpr, DESC: tl.constexpr,
+             F32_DOTS: tl.constexpr = False):
     """One query tile Q_i of one (batch, query head). Q, K, V, O: tensors (POINTERS, DEVICE_DESC;
     strides s?b batch, s?h head, s?s sequence) or 4-D descriptors (HOST_DESC; strides unused)."""
     # program ids: axis 0 = query tile (longest first when causal and split), axis 1 = (batch, head)
@@ -196,16 +205,16 @@ def attn_fwd(Q, K, V, O, LSE,
         # stage 1: off-band tiles, no mask
         acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_ref, v_ref, b, h_kv, sks, svs, offs_m,
                                    0, end_free, Skv, qk_scale, off, BLOCK_N, D, False, CAUSAL,
-                                   EXP2, DESC)
+                                   EXP2, DESC, F32_DOTS)
         # stage 2: on-band (diagonal) and ragged tiles, masked
         acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_ref, v_ref, b, h_kv, sks, svs, offs_m,
                                    end_free, hi, Skv, qk_scale, off, BLOCK_N, D, True, CAUSAL,
-                                   EXP2, DESC)
+                                   EXP2, DESC, F32_DOTS)
     else:
         # every key tile, every one masked (causal: the tiles above the diagonal too)
         acc, m_i, l_i = attn_tiles(acc, m_i, l_i, q, k_ref, v_ref, b, h_kv, sks, svs, offs_m,
                                    0, Skv, Skv, qk_scale, off, BLOCK_N, D, True, CAUSAL,
-                                   EXP2, DESC)
+                                   EXP2, DESC, F32_DOTS)
 
     # epilogue: O_i = acc / l_i; lse_i = m_i + ln l_i (natural log); empty rows give 0 and -inf
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)

@@ -1,0 +1,24 @@
+"""v2: v1 with 8 warps: 64 rows of the accumulator and of S a warpgroup, no spills.
+
+v2 verdict: not measured yet (benchmarks/counters.py and benchmarks/ladder.py 13).
+
+The kernel and its defects: v0_slow.py. Run on its own:  python v2_eight_warps.py   (TRITON_INTERPRET=1 without a GPU)
+"""
+import os
+import sys
+
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import v1_fp16_dots as prev  # noqa: E402  (the rung before this one)
+
+fa = prev.fa
+SWITCHES, CONFIG = prev.SWITCHES, prev.CONFIG
+LAUNCH = dict(prev.LAUNCH, num_warps=8)
+
+
+def fast_attention(q, k, v, causal=False, scale=None):
+    """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
+    return fa.launch_fixed(q, k, v, causal, scale, SWITCHES, CONFIG, LAUNCH)
+
+
+if __name__ == "__main__":
+    fa.run_standalone(fast_attention, sys.argv)

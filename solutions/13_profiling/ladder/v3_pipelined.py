@@ -1,0 +1,25 @@
+"""v3: v2 with 128 x 64 tiles and 3 stages: the next K and V tiles load while this one's dots run.
+
+v3 verdict: not measured yet (benchmarks/counters.py and benchmarks/ladder.py 13).
+
+The kernel and its defects: v0_slow.py. Run on its own:  python v3_pipelined.py   (TRITON_INTERPRET=1 without a GPU)
+"""
+import os
+import sys
+
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import v2_eight_warps as prev  # noqa: E402  (the rung before this one)
+
+fa = prev.fa
+SWITCHES = prev.SWITCHES
+CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64}
+LAUNCH = dict(prev.LAUNCH, num_stages=3)
+
+
+def fast_attention(q, k, v, causal=False, scale=None):
+    """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
+    return fa.launch_fixed(q, k, v, causal, scale, SWITCHES, CONFIG, LAUNCH)
+
+
+if __name__ == "__main__":
+    fa.run_standalone(fast_attention, sys.argv)

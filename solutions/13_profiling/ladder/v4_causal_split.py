@@ -1,0 +1,24 @@
+"""v4: v3 with step 05's causal split: tiles above the diagonal skipped, only the diagonal's masked, longest query tiles first (the exercise's solution).
+
+v4 verdict: not measured yet (benchmarks/counters.py and benchmarks/ladder.py 13).
+
+The kernel and its defects: v0_slow.py. Run on its own:  python v4_causal_split.py   (TRITON_INTERPRET=1 without a GPU)
+"""
+import os
+import sys
+
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import v3_pipelined as prev  # noqa: E402  (the rung before this one)
+
+fa = prev.fa
+SWITCHES = dict(prev.SWITCHES, CAUSAL_SPLIT=True)
+CONFIG, LAUNCH = prev.CONFIG, prev.LAUNCH
+
+
+def fast_attention(q, k, v, causal=False, scale=None):
+    """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
+    return fa.launch_fixed(q, k, v, causal, scale, SWITCHES, CONFIG, LAUNCH)
+
+
+if __name__ == "__main__":
+    fa.run_standalone(fast_attention, sys.argv)
