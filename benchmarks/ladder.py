@@ -7,7 +7,7 @@
     PYTHONPATH=src:. python -m benchmarks.ladder 12 [--only RUNGS] [--quick] [--cpu-smoke]
     PYTHONPATH=src:. python -m benchmarks.ladder 11 --traces [--quick]
 
-STEP is 05 to 12; what it runs comes from solutions/NN_*/step.toml (facourse.steps) and the step's kind
+STEP is a step with a ladder (05-13, 15); what it runs comes from solutions/NN_*/step.toml (facourse.steps) and the step's kind
 (facourse.kinds: ``[exercise] mode``, the forward when absent; a rung whose entry point is a kind of its
 own, step 10's FP8 forward, is that kind). For each rung, as llm.c's dev/cuda does, the checks first
 (``Kind.check_cases``, each through ``Kind.check``; the solution on every case in fp16 and bf16, another
