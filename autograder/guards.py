@@ -273,14 +273,45 @@ def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
                             "it still counts)")
 
 
+_NO_TRITON_CAUSE = ("no Triton kernel ran during the call: this step grades your Triton kernel, launched from the "
+                    "entry point (kernel[grid](...)); an answer computed with PyTorch operations is not the exercise")
+
+
+@contextlib.contextmanager
+def triton_launches():
+    """Counts the Triton kernels launched (compiled or in the interpreter, autotuned or not) while the block runs:
+    yields a list whose length is the count."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    seen: list = []
+    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+
+    def counting(run):
+        @functools.wraps(run)
+        def wrapper(self, *args, **kwargs):
+            seen.append(getattr(self, "__name__", "kernel"))
+            return run(self, *args, **kwargs)
+        return wrapper
+
+    for cls, run in originals.items():
+        cls.run = counting(run)
+    try:
+        yield seen
+    finally:
+        for cls, run in originals.items():
+            cls.run = run
+
+
 def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: bool = False,
-                               forbid_kv_copies: bool = False):
+                               forbid_kv_copies: bool = False, require_triton: bool = False):
     """``fn`` wrapped so that it may not call PyTorch's attention while it runs (see module doc).
 
     Step 01 (vanilla attention) passes ``allow_softmax=True``: it may use ``torch.softmax`` but not
     SDPA. Steps 04 and later use the default, which also forbids a softmax over the whole row.
     Step 08 adds ``forbid_matmul=True``: its kernels compute every matrix product (PyTorch's
     matmul family, at the dispatcher, raises); the guard covers its forward and its backward.
+    ``require_triton``: the call must launch a Triton kernel (steps 05, 08-10, 15, whose exercise is one).
     Step 05 adds ``forbid_kv_copies=True``: GQA is the kernel's (query head h reads KV head h // G), so
     a call that makes K or V larger (one copy per query head, around a multi-head kernel such as the
     lecture's) raises, and so does one that allocates more than its outputs (o, lse) and one copy of
@@ -297,8 +328,12 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
             kv = (k, v)
             lse = q.numel() // max(q.shape[-1], 1) * 4
             budget = 2 * q.numel() * q.element_size() + lse + nbytes(k) + nbytes(v) + KV_COPY_SLACK
-        with framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul, kv, budget):
-            return fn(q, k, v, *args, **kwargs)
+        launches = triton_launches() if require_triton else contextlib.nullcontext([None])
+        with launches as seen, framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul, kv, budget):
+            out = fn(q, k, v, *args, **kwargs)
+        if not seen and isinstance(q, torch.Tensor) and q.numel():
+            raise CheatDetected(f"[anti-cheat] {name}: {_NO_TRITON_CAUSE}")
+        return out
 
     return guarded
 

@@ -106,8 +106,8 @@ def _perf(step: str, capability=None, needs="gpu", *, check: str = "perf_correct
             for c in cases}
 
 
-#: the kernels of steps 08-10 compute their products with tl.dot, and no softmax over a whole row
-_TRITON_KERNEL = {"allow_softmax": False, "forbid_matmul": True}
+#: the kernels of steps 08-10 and 15 compute their products with tl.dot, no softmax over a whole row, in Triton
+_TRITON_KERNEL = {"allow_softmax": False, "forbid_matmul": True, "require_triton": True}
 
 
 def _step01() -> dict[str, Test]:
@@ -177,7 +177,7 @@ def _step04() -> dict[str, Test]:
 
 
 def _step05() -> dict[str, Test]:
-    guard = {"allow_softmax": False, "forbid_kv_copies": True}
+    guard = {"allow_softmax": False, "forbid_kv_copies": True, "require_triton": True}
     lse = {"expect_lse": True}
     tests = _attention_step(True, guard)
     tests.update({
@@ -355,7 +355,8 @@ def _step15() -> dict[str, Test]:
         "test_prefix": v("prefix"),
         "test_empty_rows": v("empty_rows"),
         "test_gqa_d64": v("mqa", "d64"),
-        "test_chunks": p("chunks"),
+        "test_chunks": Test((Check("paged_prefill", {"case": "chunks"}),
+                             Check("paged_prefill", {"case": "chunks", "scale": 0.05})), guard=guard),
         "test_page48": p("page48"),
         "test_shared_prefix": p("shared_prefix"),
         "test_paged_d64": p("paged_d64"),

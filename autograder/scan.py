@@ -57,8 +57,8 @@ LOOKUP_ATTRS = ("__dict__", "_getframe", "f_globals", "f_locals", "f_back", "f_b
 INTERCHANGE_ANSWERS = re.compile(r"\b(?:_?spec_definition|SPEC|AXES|INPUTS|OUTPUTS|_?solution_source|_routing_\w+|"
                                  r"routing_(?:tags|solution|trace|workloads|trace_set)|_?ROUTING_[A-Z]+|"
                                  r"_?TRACE_[A-Z]+|trace_candidates)\b")
-# Steps 13-14: the library's own references of the functions a student writes (the check compares with them).
-STEP_REFERENCES = re.compile(r"\b(?:occupancy_limits|roofline_reference|lazy_step)\b")
+# Steps 13-15: the library's own references of the functions a student writes (the check compares with them).
+STEP_REFERENCES = re.compile(r"\b(?:occupancy_limits|roofline_reference|lazy_step|serving_reference)\b")
 # Step 11's TileLang program: on the CPU it runs on facourse.tilelang_cpu, whose buffers hold NumPy arrays;
 # a program that reaches them (or the stand-in's internals) computes outside the language, which only the
 # GPU tests (TileLang's compiler) would refuse: for an instructor to look at.

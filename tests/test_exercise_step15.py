@@ -20,6 +20,32 @@ from facourse.rule import AttentionCheckError
 STEP = "15_serving"
 GPU_ONLY = {"test_bf16", "test_paged_bf16"}
 
+# A varlen attention in PyTorch alone, sequence by sequence (products as multiply-and-sum: no matmul, no softmax op),
+# standing in for the entry point: right, and no Triton kernel.
+TORCH_VARLEN = """def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None):
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    o, lse = torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"))
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        qb, kb, vb = q[cq[b]:cq[b + 1]].double(), k[ck[b]:ck[b + 1]].double(), v[ck[b]:ck[b + 1]].double()
+        if not len(qb) or not len(kb):
+            continue
+        g = qb.shape[1] // kb.shape[1]
+        s = (qb[:, None] * kb.repeat_interleave(g, 1)[None]).sum(-1) * scale          # [Lq, Lk, Hq]
+        if causal:
+            i, j = torch.arange(len(qb))[:, None], torch.arange(len(kb))[None, :]
+            s = s.masked_fill(~(j <= i + len(kb) - len(qb))[..., None], float("-inf"))
+        m = s.amax(1, keepdim=True).nan_to_num(0.0, 0.0, 0.0)
+        p = torch.exp(s - m)
+        l = p.sum(1)
+        ob = (p[..., None] * vb.repeat_interleave(g, 1)[None]).sum(1) / l.clamp(min=1e-300)[..., None]
+        o[cq[b]:cq[b + 1]] = ob.to(q.dtype)
+        lse[:, cq[b]:cq[b + 1]] = torch.where(l > 0, m[:, 0] + l.log(), float("-inf")).t().float()
+    return o, lse
+
+
+def _triton_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None):"""
+
 # (the cell, the solution's text, the mistake, the test that loses its point, what its message names)
 PLANTED = {
     "top_left": ("kernel", "keep = keep & (offs_n[None, :] <= offs_m[:, None] + Lk - Lq)",
@@ -36,6 +62,19 @@ PLANTED = {
                    "test_packed", "not scaled"),
     "always_causal": ("launch", "CAUSAL=causal, PAGED=False", "CAUSAL=True, PAGED=False", "test_noncausal",
                       "causal mask is applied with causal=False"),
+    # found by reading the grader: each a gap the hidden tests once left open
+    "paged_scale_ignored": ("launch", "block_table.stride(0), k_cache.shape[1], total_q, scale * LOG2E,",
+                            "block_table.stride(0), k_cache.shape[1], total_q, LOG2E / math.sqrt(D),", "test_chunks",
+                            "the scale given (0.05) is ignored"),
+    "grid_by_max_k": ("launch", "grid = (triton.cdiv(max(max_seqlen_q, 1), BLOCK_M), B, Hq)\n    serving_kernel[grid](q, k, v,",
+                      "grid = (triton.cdiv(max(max_seqlen_k, 1), BLOCK_M), B, Hq)\n    serving_kernel[grid](q, k, v,",
+                      "test_empty_rows", "no program wrote them"),
+    "head_stride_d": ("kernel", "h * sqh + offs_d", "h * D + offs_d", "test_prefix", "o is off"),
+    "cache_contiguous": ("launch", "*k_cache.stride()[:3], *v_cache.stride()[:3]",
+                         "k_cache.shape[1] * k_cache.shape[2] * D, k_cache.shape[2] * D, D, "
+                         "k_cache.shape[1] * k_cache.shape[2] * D, k_cache.shape[2] * D, D", "test_page48", "NaN"),
+    "no_triton": ("launch", "def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, "
+                  "causal=False, scale=None):", TORCH_VARLEN, "test_packed", "no Triton kernel ran"),
 }
 
 # the demo's samples: the solution scores every CPU point, the stub 0, carol's top-left causal mask loses test_prefix

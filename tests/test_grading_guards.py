@@ -166,6 +166,18 @@ def test_guard_is_removed_after_the_call():
     torch.softmax(torch.randn(4, 300), dim=-1)
 
 
+def test_a_triton_step_needs_a_triton_kernel():
+    """Steps 05, 08-10 and 15 grade a Triton kernel: an answer computed by PyTorch alone (here step 04's tiled
+    attention, right on every case) scores nothing, and says why; the counting of launches is gone afterwards."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    runs = JITFunction.run, InterpretedFunction.run
+    with pytest.raises(CheatDetected, match="no Triton kernel ran"):
+        check_entry_point(forbid_framework_attention(tiled, require_triton=True), "small")
+    assert (JITFunction.run, InterpretedFunction.run) == runs
+    check_entry_point(forbid_framework_attention(tiled), "small")          # step 04's own guard: no kernel asked for
+
+
 def _cached():
     cache = {}
 

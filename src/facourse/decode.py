@@ -157,7 +157,8 @@ def _fixed_pages(table: torch.Tensor, seq_lens, page_size: int) -> list[tuple[in
 def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=None, dtype=None) -> PagedInputs:
     """Seeded inputs of a case: q as a strided view of ``[B, Sq, Hq, D]`` storage; pages in shuffled
     order; with ``shared_prefix``, the first pages of every sequence are sequence 0's; every row no
-    sequence owns (a last page's tail, spare pages) and every padding entry's page holds NaN."""
+    sequence owns (a last page's tail, spare pages, physical page 0 among them) and every padding entry's page
+    holds NaN."""
     device = resolve_device(device)
     case = get_decode_case(case, device)
     dtype = dtype or default_dtype(device)
@@ -173,6 +174,9 @@ def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=No
     max_pages = max(1, max(pages_needed(L, ps) for L in case.seq_lens)) + 1   # +1: padding to read past
     for _ in range(64):
         perm = torch.randperm(num_pages, generator=g)  # physical page of each logical page
+        # physical page 0 is a spare (NaN): where a masked load of the block table (other=0) points
+        zero = int((perm == 0).nonzero())
+        perm[zero], perm[num_pages - 1] = perm[num_pages - 1].clone(), 0
         table = torch.empty(B, max_pages, dtype=torch.int32)
         table[:] = perm[num_pages - 1 - torch.randint(0, spare, (B, max_pages), generator=g)].to(torch.int32)
         nxt = 0

@@ -117,7 +117,7 @@ def _cases(L: dict, Hq: int, Hkv: int) -> dict[str, ServingCase]:
 SERVING_CASES = _cases({
     "packed": (1, 17, 128, 129, 1000, 2048, 333, 4097),
     "prefix": ((1, 100, 512, 200, 64, 3000), (1000, 100, 2048, 4096, 64, 3000)),
-    "empty": ((0, 400, 7, 500, 0, 129), (5, 100, 0, 500, 3, 1024)),
+    "empty": ((0, 700, 7, 500, 0, 129), (5, 100, 0, 500, 3, 1024)),
     "chunks": ((1, 1, 512, 1000, 7, 1, 2048), (1, 4097, 512, 5000, 135, 40, 8192)),
     "page48": ((48, 1, 49, 200), (48, 49, 2000, 3000)),
     "shared": ((512, 1, 30, 100), (2048, 1100, 1500, 1124)), "prefix_tokens": 1024}, 32, 8)
@@ -126,7 +126,7 @@ SERVING_CASES = _cases({
 CPU_SERVING_CASES = _cases({
     "packed": (1, 17, 64, 65, 200, 129),
     "prefix": ((1, 30, 100, 64), (200, 30, 333, 64)),
-    "empty": ((0, 40, 7, 50, 0), (5, 10, 0, 50, 3)),
+    "empty": ((0, 70, 7, 50, 0), (5, 10, 0, 50, 3)),
     "chunks": ((1, 1, 64, 100, 7, 0), (1, 300, 64, 250, 135, 40)),
     "page48": ((48, 1, 49, 20), (48, 49, 200, 97)),
     "shared": ((64, 1, 30, 100), (200, 129, 160, 228)), "prefix_tokens": 128}, 8, 2)
@@ -207,7 +207,9 @@ def _draw(shape, g, device, scale_heads=None):
 def make_serving_inputs(case: str | ServingCase, seed: int = 0, device=None, dtype=None):
     """Seeded inputs of a case (:class:`VarlenInputs` or :class:`PagedPrefillInputs`). ``q`` (and packed
     ``k``, ``v``) are views of one buffer of the heads side by side, as a fused projection writes them,
-    followed by TAIL rows of NaN; a paged case's cache is step 09's (``facourse.decode.make_paged_inputs``)."""
+    followed by TAIL rows of NaN; with queries and keys of different lengths, q's heads lie beside another
+    output's and k's beside v's (head strides of 2 D); a paged case's cache is step 09's
+    (``facourse.decode.make_paged_inputs``), page48's K and V views of one ``[P, ps, 2, Hkv, D]`` buffer."""
     device = resolve_device(device)
     c = get_serving_case(case, device)
     dtype = dtype or default_dtype(device)
@@ -218,15 +220,18 @@ def make_serving_inputs(case: str | ServingCase, seed: int = 0, device=None, dty
     if c.paged:
         kc, vc, table, lens = make_paged_inputs(DecodeCase(c.name, c.kv_lens, c.Hq, c.Hkv, c.D, 1, c.page_size,
                                                            c.shared_prefix), seed, device, dtype)[1:]
+        if c.name == "page48":                              # K and V of a page side by side: [P, ps, 2, Hkv, D]
+            both = torch.stack([kc, vc], 2)
+            kc, vc = both[:, :, 0], both[:, :, 1]
         buf = _draw((Tq + TAIL, 2 * c.Hq, c.D), gd, device, (c.Hq, c.logit_scale)).to(dtype)
         return PagedPrefillInputs(buf[:Tq, :c.Hq], kc, vc, table, cu_q, lens, max(c.q_lens, default=0))
     if c.q_lens == c.kv_lens:                               # one QKV projection: [T, Hq + 2 Hkv, D]
         buf = _draw((Tq + TAIL, c.Hq + 2 * c.Hkv, c.D), gd, device, (c.Hq, c.logit_scale)).to(dtype)
         q, k, v = buf[:Tq, :c.Hq], buf[:Tk, c.Hq:c.Hq + c.Hkv], buf[:Tk, c.Hq + c.Hkv:]
-    else:                                                   # a Q projection and a KV projection
-        q = _draw((Tq + TAIL, c.Hq, c.D), gd, device, (c.Hq, c.logit_scale)).to(dtype)[:Tq]
-        kv = _draw((Tk + TAIL, 2 * c.Hkv, c.D), gd, device).to(dtype)
-        k, v = kv[:Tk, :c.Hkv], kv[:Tk, c.Hkv:]
+    else:            # a Q projection (each head beside another output's: head stride 2 D) and a KV one (per head)
+        q = _draw((Tq + TAIL, c.Hq, 2, c.D), gd, device, (c.Hq, c.logit_scale)).to(dtype)[:Tq, :, 0]
+        kv = _draw((Tk + TAIL, c.Hkv, 2, c.D), gd, device).to(dtype)
+        k, v = kv[:Tk, :, 0], kv[:Tk, :, 1]
     return VarlenInputs(q, k, v, cu_q, cu_seqlens(c.kv_lens, device), max(c.q_lens, default=0),
                         max(c.kv_lens, default=0))
 
@@ -521,6 +526,9 @@ def _mistakes(inp, causal: bool, scale, ref_dtype, q_lens: list, k_lens: list) -
                            "(the heads of a group are consecutive), not h % Hkv", ref(head_map=torch.arange(Hq) % Hkv)))
     out.append(Mistake("the scores are not scaled: S = scale * q k^T with scale = 1/sqrt(D) by default",
                        ref(scale=1.0)))
+    if scale is not None:
+        out.append(Mistake(f"the scale given ({scale:g}) is ignored: 1/sqrt(D) is only the default, for scale=None",
+                           ref(scale=None)))
     return out
 
 
@@ -533,6 +541,30 @@ OVERFLOW_CAUSE = ("these rows' logits reach the hundreds (lse up to {top:.0f}) a
                   "exp (exp(s - m)), and rescale by exp(m_old - m_new)")
 EMPTY_CAUSE = ("these rows see no key (an empty key sequence, or a query i < q_len - kv_len): o must be 0 and lse "
                "-inf. Guard the division by l when l == 0, and exp(m_old - m_new) while m is -inf")
+
+
+def _nan_cause(nonfinite: torch.Tensor, q_lens: list, inp) -> str:
+    """Why o is NaN where ``nonfinite`` ([B, Hq, width]) says: the query heads of a wrong group size, rows no
+    program wrote, or a load that is not masked."""
+    Hq, Hkv = inp.q.shape[1], inp.k_cache.shape[-2] if isinstance(inp, PagedPrefillInputs) else inp.k.shape[1]
+    heads = nonfinite.any(2).any(0).tolist()
+    past = [h // Hkv >= Hkv for h in range(Hq)]
+    if Hkv < Hq and heads == past:
+        return (f"only query heads {past.index(True)}-{Hq - 1} are NaN, those with h // Hkv >= Hkv: query head h reads "
+                f"KV head h // (Hq // Hkv), the group size being Hq // Hkv = {Hq // Hkv}; divided by Hkv, these heads "
+                "read past the last KV head")
+    tails = []
+    for b, n in enumerate(q_lens):
+        bad = nonfinite[b, :, :n]
+        if bad.any():
+            first = int(bad.any(0).nonzero()[0])
+            tails.append(first > 0 and bool(bad[:, first:].all()) and not bool(bad[:, :first].any()))
+    if tails and all(tails):
+        return ("in each sequence it touches, every row from some row to the sequence's end is NaN in every head, as "
+                "left by the NaN-filled allocator: no program wrote them. The grid must cover cdiv(max_seqlen_q, "
+                "BLOCK_M) query tiles of every sequence (max_seqlen_q, not max_seqlen_k; rounded up), and each "
+                "sequence's last, partial tile")
+    return NAN_CAUSE
 
 
 def check_serving_result(o, lse, inp, causal: bool, scale=None, *, config: str = "custom",
@@ -583,7 +615,7 @@ def check_serving_result(o, lse, inp, causal: bool, scale=None, *, config: str =
         big = _padded([ref_lse[:, cu[b]:cu[b + 1]] > EXP_LIMIT - 8.0 for b in range(B)], B, Hq, width)
         cause = (found.cause if found else EMPTY_CAUSE if not (nonfinite & ~empty).any()
                  else OVERFLOW_CAUSE.format(top=float(ref_lse.max()), limit=EXP_LIMIT) if not (nonfinite & ~big).any()
-                 else NAN_CAUSE)
+                 else _nan_cause(nonfinite, q_lens, inp))
         raise AttentionCheckError(f"{tag} o has NaN or inf at {where['nonfinite']}.\n  likely cause: {cause}")
     if not_empty.any():
         raise AttentionCheckError(
@@ -592,8 +624,10 @@ def check_serving_result(o, lse, inp, causal: bool, scale=None, *, config: str =
             "i < q_len - kv_len see none" + (f"\n  likely cause: {found.cause}" if found else ""))
     cause = (found.cause if found else
              "compare one wrong sequence with facourse.serving.serving_reference: check each sequence's offsets "
-             "(cu_seqlens), its causal offset kv_len - q_len, the masks at its own length, the GQA head mapping and "
-             "the scale")
+             "(cu_seqlens), its causal offset kv_len - q_len and the mask j <= i + kv_len - q_len (<=, not <), the "
+             "masks at its own length, the GQA head mapping, the scale, exp2 with log2(e) folded into the scale "
+             "(not exp), and, where only rows that see more than one key tile are wrong, the rescale of acc by "
+             "alpha = exp(m_old - m_new) at every tile")
     raise AttentionCheckError(f"{tag} o is off by up to {worst:.3g} (allowed {allowed:.3g}: twice PyTorch's own "
                               f"error in each sequence, plus {ABS_SLACK:g}; relative {worst / top:.3g}, must be < "
                               f"{rel_limit:g}) at {where['bad']}.\n  likely cause: {cause}")
