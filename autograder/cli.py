@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 143 if err.signame == "SIGTERM" else 130
             lost = [r for r in results if r.status.startswith(UNGRADED)]
             if args.student or getattr(args, "assignment", None):    # the CSV and report: every record
-                fresh = {(r.student, r.assignment) for r in results}
+                # an ungraded one keeps its earlier record in the outputs
+                fresh = {(r.student, r.assignment) for r in results if not r.status.startswith(UNGRADED)}
                 for r in load_results(ws):
                     if (r.student, r.assignment) not in fresh:
                         r.reused = True

@@ -8,12 +8,15 @@ nothing is recorded for it.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -73,10 +76,17 @@ def grader_fault(rc: int | None, out: str) -> str | None:
     return None
 
 
+#: A record made when the notebook's kernel died: the submission's crash or a kill from outside (the OOM killer,
+#: an operator), which cannot be told apart; graded again on the next run (the seeds are the same: a crash of the
+#: submission's own recurs), never reused.
+_DIED = "the kernel died"
+
+
 def reusable(status: str) -> bool:
     """Whether a recorded status is the submission's own result; a record of the grader's failure
-    (from this version or an older one, which recorded some) is graded again, never reused."""
-    return not (status.startswith((UNGRADED, "grader error")) or any(n in status for n in _START_FAILURES))
+    (from this version or an older one, which recorded some) is graded again, never reused, and so is a
+    kernel that died."""
+    return not (status.startswith((UNGRADED, "grader error")) or any(n in status for n in (*_START_FAILURES, _DIED)))
 
 
 _RUNNING: set = set()           # process groups of running nbgrader workers
@@ -97,28 +107,56 @@ runpy.run_module("nbgrader", run_name="__main__", alter_sys=True)
 """
 
 
+#: The environment variable each grading process tree carries (a token per run_isolated call): the notebook's
+#: kernel runs in a session of its own, and once nbgrader is gone it is no child of anything here, so it is
+#: found by this.
+TOKEN_ENV = "FACOURSE_GRADING_TOKEN"
+
+
 def run_isolated(cmd, cwd, env, timeout) -> tuple[int | None, str]:
-    """Run ``cmd`` in its own session; on timeout kill its whole process group (kernel included)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
-    with _RUNNING_LOCK:
-        _RUNNING.add(proc)
-    if STOP.is_set():       # interrupted between the check before staging and this start
-        _kill(proc)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        out, _ = proc.communicate()
-        return None, out
-    finally:
-        _kill(proc)             # a kernel left behind by a crashed nbgrader goes too
+    """Run ``cmd`` in its own session, its output in a file (a kernel that outlives it may hold a pipe open);
+    on timeout, and whenever it ends, kill every process it started (the kernel included)."""
+    token = f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**env, TOKEN_ENV: token}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        proc.token = token
         with _RUNNING_LOCK:
-            _RUNNING.discard(proc)
+            _RUNNING.add(proc)
+        if STOP.is_set():       # interrupted between the check before staging and this start
+            _kill(proc)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            proc.wait()
+            rc = None
+        finally:
+            _kill(proc)             # a kernel left behind by nbgrader goes too
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
+        log.seek(0)
+        return rc, log.read()
+
+
+def _tree(token: str) -> list[int]:
+    """The processes whose environment carries ``token`` (Linux: /proc; elsewhere none are found)."""
+    found, needle = [], f"{TOKEN_ENV}={token}".encode() + b"\0"
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (d / "environ").read_bytes():
+                found.append(int(d.name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _kill(proc) -> None:
+    for pid in _tree(proc.token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -133,19 +171,31 @@ def stop_all() -> None:
             _kill(proc)
 
 
-def _cell_errors(folder: Path) -> dict[str, str]:
-    """The error each graded cell of the executed notebooks ended with (grade_id -> 'Name: text')."""
-    out = {}
+def _cell_errors(folder: Path, cell_timeout: float | None = None) -> dict[str, str]:
+    """The error each graded cell of the executed notebooks ended with (grade_id -> 'Name: text'), with what
+    stopped an earlier cell that is no test (a function's definition that timed out leaves a NameError)."""
+    out, earlier = {}, []
     for path in sorted(folder.glob("*.ipynb")):
         try:
             cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         except (OSError, ValueError, KeyError):
             continue
-        for cell in cells:
+        for i, cell in enumerate(cells):
             gid = staging.grade_id(cell)
+            test = bool(((cell.get("metadata") or {}).get("nbgrader") or {}).get("grade"))
             for o in cell.get("outputs", []):
-                if gid and o.get("output_type") == "error":
-                    out[gid] = f"{o.get('ename')}: {o.get('evalue', '')}"[:2000]
+                if o.get("output_type") != "error":
+                    continue
+                text = f"{o.get('ename')}: {o.get('evalue', '')}"
+                if o.get("ename") == "CellTimeoutError":
+                    text = ("CellTimeoutError: the cell ran past the per-cell time limit"
+                            + (f" ({cell_timeout:g} s)" if cell_timeout else ""))
+                stopped = test and earlier and o.get("ename") == "NameError"
+                note = f" (an earlier cell stopped: {earlier[-1]})" if stopped else ""
+                if gid:
+                    out[gid] = text[:2000] + note
+                if not test:
+                    earlier.append(f"cell {gid or i}: {text}"[:300])
     return out
 
 
@@ -232,11 +282,15 @@ def grade_once(src: Path, priv: Path, release_dir: Path, template_db: Path, stud
         # what the judge compiles itself is read now, before any student code runs
         files = {p.name: p.read_bytes() for p in staged.glob("*.cu") if p.is_file()}
         max_points = {t["name"]: t["max_score"] for t in gradebook.graded_cells(template_db, a) if t["auto"]}
+        from facourse.rule import VISIBLE_SEEDS_ENV
+
         from .judge import Judge            # torch: imported by the grading commands only
 
         judge = Judge(a, max_points, device="cpu" if gpu_index is None else f"cuda:{gpu_index}",
                       student_files=files, release_dir=release_dir / a, seed_key=seed_key)
         extra = {"FACOURSE_RELEASE": release_dir, JUDGE_ENV: judge.address}
+        if seed_key:            # the visible checks' seeds: a regrade replays them (not the judge's, derived apart)
+            extra[VISIBLE_SEEDS_ENV] = hmac.new(seed_key, b"visible checks", hashlib.sha256).hexdigest()
         if cell_timeout:
             extra["FACOURSE_CELL_TIMEOUT"] = int(cell_timeout)
         if gpu is not None:
@@ -246,11 +300,11 @@ def grade_once(src: Path, priv: Path, release_dir: Path, template_db: Path, stud
         try:
             rc, out = run_isolated(cmd, HERE, staging.nbgrader_env(priv, **extra), timeout)
         finally:
-            verdicts = judge.finish(_cell_errors(priv / "autograded" / student / a))
+            verdicts = judge.finish(_cell_errors(priv / "autograded" / student / a, cell_timeout))
         if STOP.is_set():       # killed by the interrupt, or finished as it came: either way not kept
             raise Interrupted("stopped")
         (priv / "nbgrader.log").write_text(out or "", encoding="utf-8")
-        fault = grader_fault(rc, out or "")
+        fault = grader_fault(rc, out or "") if rc is not None else None   # a timeout is the notebook's own
         if fault:
             res.status = UNGRADED + fault
             res.seconds = round(time.perf_counter() - t0, 2)

@@ -171,6 +171,8 @@ class Replay:
         if "error" in header:
             err = header["error"] if isinstance(header["error"], dict) else {}
             kind, msg = str(err.get("type", "Error")), str(err.get("message", ""))
+            if kind == "NotImplementedError" and not msg.strip():
+                msg = "the function is not written yet (its stub raises this)"
             cls = _ERRORS.get(kind)
             raise cls(msg) if cls else _RecordedError(f"{kind}: {msg}")
         self.last_flops = header.get("flops")

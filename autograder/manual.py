@@ -76,8 +76,12 @@ def _overlay(res: Result, sub, unanswered: set[str]) -> None:
     tests = {(t.get("notebook"), t["name"]): t for t in res.tests}
     by_name = {t["name"]: t for t in res.tests}
     stale = []
+    res.cell_comments = {}
     for nb in sub.notebooks:
         comments = {c.name: c.manual_comment.strip() for c in nb.comments if (c.manual_comment or "").strip()}
+        grades = {g.name for g in nb.grades}
+        # a comment on a solution cell (the formgrader's box beside the student's code): no test carries it
+        res.cell_comments.update({name: text for name, text in comments.items() if name not in grades})
         for grade in nb.grades:
             t = tests.get((nb.name, grade.name)) or by_name.get(grade.name)
             written = grade.cell.cell_type != "code"
@@ -93,7 +97,9 @@ def _overlay(res: Result, sub, unanswered: set[str]) -> None:
                 t["manual"] = STALE if grade.needs_manual_grade else GRADED if written else ADJUSTED
             elif written:
                 t["score"] = 0.0
-                t["manual"] = UNANSWERED if f"{nb.name}/{grade.name}" in unanswered else PENDING
+                # a notebook that could not be read (not graded) holds no answer to grade
+                t["manual"] = (UNANSWERED if f"{nb.name}/{grade.name}" in unanswered
+                               or res.status.startswith("not graded") else PENDING)
             if t.get("manual") == STALE:
                 stale.append(grade.name)
             if grade.name in comments:
@@ -154,4 +160,5 @@ def stale_tests(res: Result) -> list[str]:
 
 
 def comments(res: Result) -> dict[str, str]:
-    return {t["name"]: t["comment"] for t in res.tests if t.get("comment")}
+    """Every comment given by hand: on a test or written answer, and on a cell of the student's code."""
+    return {**{t["name"]: t["comment"] for t in res.tests if t.get("comment")}, **res.cell_comments}

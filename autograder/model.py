@@ -35,6 +35,7 @@ class Result:
     tests: list = field(default_factory=list)   # {name, notebook, score, max_score, auto}
     perf: list = field(default_factory=list)    # perf records the judge accepted or refused (GPU tier)
     flags: list = field(default_factory=list)   # static scan and judge findings: {severity, where, rule, line}
+    cell_comments: dict = field(default_factory=dict)   # the formgrader's comments on code cells: cell -> text
     key: str = ""                 # hash of submission + assignment source + thresholds
     gpu: str = ""                 # CUDA_VISIBLE_DEVICES the worker ran with ("" = none set)
     reused: bool = False          # True when a finished result was reused instead of re-grading

@@ -47,8 +47,10 @@ if str(ROOT) not in sys.path:
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import GetGrades  # noqa: E402
 
-from autograder.nbgrader_hooks import HideHiddenTests, judge_only, refuse_plain_command  # noqa: E402
+from autograder.nbgrader_hooks import (HideHiddenTests, judge_only, refuse_before_clearing,  # noqa: E402
+                                       refuse_plain_command)
 
 refuse_plain_command(sys.argv)
+refuse_before_clearing()
 c.Autograde.pre_convert_hook = judge_only
 c.GenerateFeedback.preprocessors = [HideHiddenTests, GetGrades, CSSHTMLHeaderPreprocessor]

@@ -54,6 +54,22 @@ def judge_only(assignment=None, student=None, notebooks=None, **_) -> None:
         raise JudgeMissing(message)
 
 
+def refuse_before_clearing() -> None:
+    """nbgrader's Autograde clears the graded copy (``init_destination``) before its pre-convert hook runs: the
+    formgrader's "autograde" button, which calls it in the formgrader's own process, must refuse first."""
+    from nbgrader.converters import Autograde
+    if getattr(Autograde.init_destination, "judged", False):
+        return
+    clear = Autograde.init_destination
+
+    def init_destination(self, assignment_id, student_id):
+        judge_only(assignment_id, student_id)
+        return clear(self, assignment_id, student_id)
+
+    init_destination.judged = True
+    Autograde.init_destination = init_destination
+
+
 def refuse_plain_command(argv: list[str]) -> None:
     """Called as the configuration loads: ``nbgrader autograde`` without a judge stops here, before
     nbgrader clears an earlier graded copy (``--force``) or opens the gradebook."""

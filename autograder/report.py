@@ -280,6 +280,10 @@ def _student_sections(r: Result) -> list[str]:
     if r.tests:
         parts.append("<table><tr><th>test</th><th>points</th><th>result</th><th>feedback</th></tr>"
                      + _feedback_rows(r) + "</table>")
+    if r.cell_comments:
+        parts.append("<h3>Comments on your code</h3><table><tr><th>cell</th><th>comment</th></tr>" + "".join(
+            f"<tr><td>{_e(k)}</td><td><span class='comment'>{_e(v)}</span></td></tr>"
+            for k, v in r.cell_comments.items()) + "</table>")
     for p in r.perf:
         parts.append(f"<p>performance: {_e(p.get('summary') or p.get('flag') or p.get('status', ''))}</p>")
     if r.flags:

@@ -200,7 +200,11 @@ def _autograde(submissions, workspace, pairs, state, *, timeout, quiet, jobs, ce
                 prev = Result.from_json(json.loads(old.read_text(encoding="utf-8")))
             except (ValueError, TypeError):
                 prev = None
-            if prev is not None and prev.key == key and reusable(prev.status):
+            # a graded record whose graded notebook is gone (deleted by hand, or by nbgrader before a refusal)
+            # is graded again: the formgrader grades written answers on that notebook
+            graded_copy = (workspace / "autograded" / student / a).is_dir()
+            if (prev is not None and prev.key == key and reusable(prev.status)
+                    and (graded_copy or not prev.status.startswith(("graded", "flagged")))):
                 prev.reused = True
                 results[(student, a)] = prev
                 continue

@@ -1,4 +1,5 @@
 """The grading pipeline: release in sync and leak-free, samples graded, bad input refused clearly."""
+import itertools
 import json
 import os
 import shutil
@@ -115,6 +116,63 @@ def test_notebook_time_limit_kills_the_whole_process_group():
     child = int(out.split()[0])
     time.sleep(0.5)
     assert not running(child)
+
+
+def test_every_process_of_a_submission_goes_also_in_a_session_of_its_own():
+    """The notebook's kernel runs in a session of its own (Jupyter starts it so): past the limit it goes too, and
+    one left behind by a process that ended (holding its output open) goes at once, without waiting for it."""
+    t0 = time.time()
+    rc, out = grader.run_isolated(["bash", "-c", "setsid sleep 300 & echo $!; wait"], ROOT, dict(os.environ), 2)
+    child = int(out.split()[0])
+    assert rc is None and time.time() - t0 < 30
+    time.sleep(0.5)
+    assert not running(child)
+    t0 = time.time()
+    rc, out = grader.run_isolated(["bash", "-c", "setsid sleep 300 & echo $!"], ROOT, dict(os.environ), 60)
+    assert rc == 0 and time.time() - t0 < 20
+    time.sleep(0.5)
+    assert not running(int(out.split()[0]))
+
+
+def test_the_cause_of_a_test_that_never_saw_its_function(tmp_path):
+    """A cell that is no test stopping (its time limit) leaves the tests below a NameError: they say which
+    cell stopped and why, with the limit."""
+    nb = {"cells": [
+        {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "occupancy", "solution": True, "grade": False}},
+         "outputs": [{"output_type": "error", "ename": "CellTimeoutError", "evalue": ""}], "source": ""},
+        {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "test_a", "grade": True, "points": 1}},
+         "outputs": [{"output_type": "error", "ename": "NameError", "evalue": "name 'occupancy' is not defined"}],
+         "source": ""}]}
+    (tmp_path / "x.ipynb").write_text(json.dumps(nb))
+    errors = grader._cell_errors(tmp_path, 20)
+    assert errors["test_a"].startswith("NameError: name 'occupancy' is not defined (an earlier cell stopped: "
+                                       "cell occupancy: CellTimeoutError: the cell ran past the per-cell time "
+                                       "limit (20 s))"), errors
+
+
+def test_visible_checks_draw_the_submissions_own_seeds(monkeypatch):
+    from facourse import rule
+    monkeypatch.delenv(rule.VISIBLE_SEEDS_ENV, raising=False)
+    assert rule.draw_seed() != rule.draw_seed() or rule.draw_seed() != rule.draw_seed()   # fresh: 2^31 values
+    monkeypatch.setenv(rule.VISIBLE_SEEDS_ENV, "ab" * 32)
+    monkeypatch.setattr(rule, "_VISIBLE_DRAWS", itertools.count())
+    first = [rule.draw_seed() for _ in range(3)]
+    monkeypatch.setattr(rule, "_VISIBLE_DRAWS", itertools.count())
+    assert [rule.draw_seed() for _ in range(3)] == first and len(set(first)) == 3
+    assert all(0 <= x < 2 ** 31 for x in first) and rule.draw_seed(5) == 5
+
+
+def test_the_formgrader_refuses_before_clearing_the_graded_copy(tmp_path, monkeypatch):
+    """nbgrader's Autograde clears the graded notebook before its pre-convert hook: with no judge serving, the
+    formgrader's button must refuse first and leave it."""
+    from nbgrader.converters import Autograde
+
+    from autograder import nbgrader_hooks
+    monkeypatch.setattr(Autograde, "init_destination", Autograde.init_destination)   # restored afterwards
+    nbgrader_hooks.refuse_before_clearing()
+    monkeypatch.delenv(model.JUDGE_ENV, raising=False)
+    with pytest.raises(nbgrader_hooks.JudgeMissing):
+        Autograde.init_destination(object(), "13_profiling", "carol")
 
 
 def test_one_gpu_per_worker(tmp_path, monkeypatch):

@@ -66,7 +66,8 @@ PLANTED = {
     "paged_scale_ignored": ("launch", "block_table.stride(0), k_cache.shape[1], total_q, scale * LOG2E,",
                             "block_table.stride(0), k_cache.shape[1], total_q, LOG2E / math.sqrt(D),", "test_chunks",
                             "the scale given (0.05) is ignored"),
-    "grid_by_max_k": ("launch", "grid = (triton.cdiv(max(max_seqlen_q, 1), BLOCK_M), B, Hq)\n    serving_kernel[grid](q, k, v,",
+    "grid_by_max_k": ("launch", "grid = (triton.cdiv(max(max_seqlen_q, 1), BLOCK_M), B, Hq)\n"
+                      "    serving_kernel[grid](q, k, v,",
                       "grid = (triton.cdiv(max(max_seqlen_k, 1), BLOCK_M), B, Hq)\n    serving_kernel[grid](q, k, v,",
                       "test_empty_rows", "no program wrote them"),
     "head_stride_d": ("kernel", "h * sqh + offs_d", "h * D + offs_d", "test_prefix", "o is off"),

@@ -260,8 +260,57 @@ def _fake_subs(tmp_path, students=("s1", "s2", "s3", "s4")) -> Path:
 
 def _fake_grade_one(submissions, workspace, student, a, *, key, **_):
     res = model.Result(student, a, score=7.0, max_score=7.0, key=key)
+    (workspace / "autograded" / student / a).mkdir(parents=True, exist_ok=True)    # as workers.grade_one publishes
     model.atomic_write(model.result_path(workspace, student, a), json.dumps(res.to_json()))
     return res
+
+
+def test_a_graded_record_without_its_graded_notebook_is_graded_again(tmp_path, monkeypatch):
+    """The formgrader grades written answers on the graded notebook: a record whose notebook is gone (nbgrader
+    clears it before a refusal, or a person deleted it) is graded again; one that died is too."""
+    monkeypatch.setattr(workers, "grade_one", _fake_grade_one)
+    ws, subs = tmp_path / "ws", _fake_subs(tmp_path, ("s1", "s2", "s3"))
+    workers.autograde(subs, ws, quiet=True)
+    shutil.rmtree(ws / "autograded" / "s1" / A)
+    path = model.result_path(ws, "s2", A)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "score": 0.0,
+                                "status": "autograde failed: the kernel died (crash, segfault or killed process)"}))
+    res = {r.student: r for r in workers.autograde(subs, ws, quiet=True)}
+    assert [res[s].reused for s in ("s1", "s2", "s3")] == [False, False, True]
+
+
+def test_a_notebook_that_cannot_be_read_awaits_no_grading_by_hand(tmp_path):
+    """Step 02's notebook as broken JSON: 0 with a plain reason, and its written answer is unanswered, not an
+    answer waiting for an instructor (no pending points, no review in the export)."""
+    from autograder import manual
+    a = "02_safe_softmax"
+    (tmp_path / "subs" / "dave" / a).mkdir(parents=True)
+    (tmp_path / "subs" / "dave" / a / f"{a}.ipynb").write_text("{ not json")
+    (res,) = workers.autograde(tmp_path / "subs", tmp_path / "ws", quiet=True)
+    assert res.status.startswith("not graded") and res.score == 0, res.status
+    (shown,) = manual.with_manual_grades(tmp_path / "ws", [res])
+    assert shown.manual_pending == 0 and any(t.get("manual") == manual.UNANSWERED for t in shown.tests), shown.tests
+
+
+def test_a_notebook_past_its_time_limit_is_recorded_once_as_zero(tmp_path, monkeypatch):
+    """nbgrader killed at the notebook's limit leaves its kernel saying "Parent appears to have exited": that is
+    the submission's timeout (every test 0, recorded), not a kernel that did not start (ungraded, tried twice).
+    The visible checks' seeds handed to the kernel are the submission's own: the same on a regrade."""
+    calls = []
+
+    def timed_out(cmd, cwd, env, timeout):
+        calls.append(env.get("FACOURSE_VISIBLE_SEEDS"))
+        return None, "[IPKernelApp] WARNING | Parent appears to have exited, shutting down."
+
+    monkeypatch.setattr(grader, "run_isolated", timed_out)
+    ws, subs = tmp_path / "ws", _subs(tmp_path, ("alice", "bob"))
+    res = {r.student: r for r in workers.autograde(subs, ws, quiet=True, timeout=5)}
+    assert len(calls) == 2 and all(calls) and calls[0] != calls[1], calls
+    for r in res.values():
+        assert r.status.startswith("timed out after 5 s") and r.score == 0, r.status
+    assert _recorded(ws) == {"alice": 0.0, "bob": 0.0}
+    workers.autograde(subs, ws, quiet=True, timeout=5, force=True)
+    assert sorted(calls[2:]) == sorted(calls[:2])
 
 
 def test_a_signal_while_the_gradebook_is_written_finishes_that_write_then_stops(tmp_path, monkeypatch):

@@ -104,12 +104,18 @@ def test_manual_grades_round_trip(ws):
     assert "awaits grading by hand" in page(ws, "alice")
     grade_by_hand(ws, "alice", 1.5, "(a) right;\n(b) misses why the passes cannot fuse.")
     grade_by_hand(ws, "bob", 0.5, "Left as given.")
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{ws / 'gradebook.db'}") as gb:     # the box beside her code (no test carries it)
+        gb.find_comment("safe_softmax", A, A, "alice").manual_comment = "Neat: one pass for the max."
+        gb.db.commit()
 
     assert cli.main(["--workspace", str(ws), "report"]) == 0
     reported = rows(ws / "grades.csv")
     alice = reported["alice"]
     assert (alice["score"], alice["manual_pending"], alice["manual_points"]) == ("9.5", "0", "1.5"), alice
-    assert alice["comments"] == f"{WRITTEN}: (a) right; (b) misses why the passes cannot fuse.", alice
+    assert alice["comments"] == (f"{WRITTEN}: (a) right; (b) misses why the passes cannot fuse. | "
+                                 "safe_softmax: Neat: one pass for the max."), alice
+    assert "Comments on your code" in page(ws, "alice") and "Neat: one pass for the max." in page(ws, "alice")
     assert reported["bob"]["score"] == "0.5" and reported["bob"]["manual_points"] == "0.5", reported["bob"]
     assert "1.5 / 2" in page(ws, "alice") and "misses why the passes cannot fuse" in page(ws, "alice")
     assert "graded by hand" in page(ws, "alice") and "Left as given." in page(ws, "bob")
@@ -140,7 +146,8 @@ def test_manual_grades_round_trip(ws):
     grade_by_hand(ws, "alice", 2, "Right.")         # reviewed and saved again: no longer stale
     assert cli.main(["--workspace", str(ws), "report"]) == 0
     alice = rows(ws / "grades.csv")["alice"]
-    assert (alice["score"], alice["manual_stale"], alice["comments"]) == ("10", "", f"{WRITTEN}: Right."), alice
+    assert (alice["score"], alice["manual_stale"], alice["comments"]) == (
+        "10", "", f"{WRITTEN}: Right. | safe_softmax: Neat: one pass for the max."), alice
     assert "changed since" not in page(ws, "alice")
 
 

@@ -134,7 +134,9 @@ def _exp2_cause(x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor, bad: torch.
         if float(x[finite_bad].min()) > x0 and float(ys.max()) == float(ys.min()):
             return (f"every x above {x0:.6g} gives the same {float(ys[0]):.6g}: x is clamped from above. 2^x must be "
                     "right wherever it is a normal float32 (up to x < 128): clamp x from below only")
-        rel_at = lambda lo, hi: float(rel[normal & (f >= lo) & (f < hi)].max()) if bool((normal & (f >= lo) & (f < hi)).any()) else 0.0
+        def rel_at(lo, hi):     # the largest relative error at f in [lo, hi)
+            r = rel[normal & (f >= lo) & (f < hi)]
+            return float(r.max()) if r.numel() else 0.0
         if (not bool((finite_bad & (f < 0.5)).any()) and bool((good & (f < 0.5)).any())
                 and rel_at(0.5, 0.5625) > rel_at(0.9375, 1.0)):
             return ("wrong exactly where x - floor(x) >= 1/2: n = round(x) makes f = x - n negative there, in "

@@ -271,7 +271,11 @@ def _diagnose(x, out, dim, block_size, bad, tol):
                     f"stops before the last, shorter block (n = {n} is no multiple of block_size = "
                     f"{block_size}); use range(0, n, block_size) and slice x[..., j:j + block_size]")
         lead_inf = torch.isneginf(x64[..., :block_size]).all(dim=-1) & ~all_inf
-        if bool((bad_rows & lead_inf).any()) and not bool((bad_rows & ~lead_inf & ~all_inf).any()):
+        # both diagnoses below explain a NaN in (m, l): such a row comes out NaN, or 0 where l is guarded; a row
+        # of finite, nonzero wrong values is another mistake
+        lost = (~torch.isfinite(o64)).any(dim=-1) | (o64.nan_to_num(1.0).abs().amax(dim=-1) == 0)
+        if (bool((bad_rows & lead_inf).any()) and not bool((bad_rows & ~lead_inf & ~all_inf).any())
+                and not bool((bad_rows & ~lost).any())):
             return ("only rows whose first block is all -inf are wrong: there the max is -inf (the block's own "
                     "max, and the running max m before any finite entry is seen), so exp(-inf - (-inf)) = NaN "
                     "(in alpha = exp(m_old - m_new) or in the block's own sum) and the NaN poisons l. Guard it: "
@@ -282,7 +286,7 @@ def _diagnose(x, out, dim, block_size, bad, tol):
         blocks = torch.cat([x64, pad], dim=-1).reshape(*x64.shape[:-1], nb, block_size)
         inf_block = torch.isneginf(blocks).all(dim=-1).any(dim=-1) & ~all_inf     # some block is all -inf
         n_bad = int((bad_rows & ~all_inf).sum())
-        if n_bad and int((bad_rows & inf_block).sum()) >= 0.9 * n_bad:   # (nearly) only those rows
+        if n_bad and int((bad_rows & inf_block & lost).sum()) >= 0.9 * n_bad:   # (nearly) only those rows
             return ("the wrong rows are those that contain a block whose entries are all -inf: that block's own max "
                     "is -inf, so exp(x_block - max) = exp(-inf - (-inf)) = NaN and its sum is NaN, which poisons "
                     "(m, l) when it is merged. Guard the block's max as well: where it is -inf, subtract 0, "
