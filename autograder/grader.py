@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from . import gradebook, staging
-from .model import HERE, JUDGE_ENV, Result, notebooks_of
+from .model import HERE, JUDGE_ENV, NOT_WRITTEN, Result, notebooks_of
 from .scan import as_records, scan_submission
 
 # nvidia-smi numbers GPUs in PCI order; make CUDA (here and in the workers) agree
@@ -187,6 +187,8 @@ def _cell_errors(folder: Path, cell_timeout: float | None = None) -> dict[str, s
                 if o.get("output_type") != "error":
                     continue
                 text = f"{o.get('ename')}: {o.get('evalue', '')}"
+                if o.get("ename") == "NotImplementedError" and not str(o.get("evalue", "")).strip():
+                    text = f"NotImplementedError: {NOT_WRITTEN}"
                 if o.get("ename") == "CellTimeoutError":
                     text = ("CellTimeoutError: the cell ran past the per-cell time limit"
                             + (f" ({cell_timeout:g} s)" if cell_timeout else ""))

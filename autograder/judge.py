@@ -50,6 +50,7 @@ from facourse import kinds
 from facourse.softmax_check import SoftmaxCheckError
 
 from . import wire
+from .model import NOT_WRITTEN
 from .checks import CHECKS
 from .guards import CheatDetected, bandwidth_verdict, roofline_verdict
 from .perf import points_for, thresholds
@@ -172,7 +173,7 @@ class Replay:
             err = header["error"] if isinstance(header["error"], dict) else {}
             kind, msg = str(err.get("type", "Error")), str(err.get("message", ""))
             if kind == "NotImplementedError" and not msg.strip():
-                msg = "the function is not written yet (its stub raises this)"
+                msg = NOT_WRITTEN
             cls = _ERRORS.get(kind)
             raise cls(msg) if cls else _RecordedError(f"{kind}: {msg}")
         self.last_flops = header.get("flops")

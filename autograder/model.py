@@ -20,6 +20,10 @@ class GradingError(Exception):
     """A problem with the command's input that the user can fix; printed without a traceback."""
 
 
+#: What a stub's bare NotImplementedError means, told in the feedback.
+NOT_WRITTEN = "the function is not written yet (its stub raises this)"
+
+
 @dataclass
 class Result:
     student: str

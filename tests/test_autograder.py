@@ -142,12 +142,15 @@ def test_the_cause_of_a_test_that_never_saw_its_function(tmp_path):
          "outputs": [{"output_type": "error", "ename": "CellTimeoutError", "evalue": ""}], "source": ""},
         {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "test_a", "grade": True, "points": 1}},
          "outputs": [{"output_type": "error", "ename": "NameError", "evalue": "name 'occupancy' is not defined"}],
-         "source": ""}]}
+         "source": ""},
+        {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "test_b", "grade": True, "points": 1}},
+         "outputs": [{"output_type": "error", "ename": "NotImplementedError", "evalue": ""}], "source": ""}]}
     (tmp_path / "x.ipynb").write_text(json.dumps(nb))
     errors = grader._cell_errors(tmp_path, 20)
     assert errors["test_a"].startswith("NameError: name 'occupancy' is not defined (an earlier cell stopped: "
                                        "cell occupancy: CellTimeoutError: the cell ran past the per-cell time "
                                        "limit (20 s))"), errors
+    assert errors["test_b"] == f"NotImplementedError: {model.NOT_WRITTEN}"     # a stub, said so
 
 
 def test_visible_checks_draw_the_submissions_own_seeds(monkeypatch):
