@@ -220,8 +220,10 @@ def test_check_lse_and_normalise_result():
     q = torch.zeros(1, 2, 3, 4)
     ref = torch.tensor([[[float("-inf"), 1.0, 2.0]] * 2])
     assert check_lse(ref.clone(), ref, q, "[t]") == 0.0
-    with pytest.raises(CheckError, match="not finite exactly where"):
-        check_lse(torch.zeros(1, 2, 3), ref, q, "[t]")
+    with pytest.raises(CheckError, match=r"rows that see no key, where it must be -inf \(l = 0\): .*query rows 0\b"):
+        check_lse(torch.zeros(1, 2, 3), ref, q, "[t]")                   # an empty row's lse left 0
+    with pytest.raises(CheckError, match="rows that see at least one key, where it must be finite: .*query rows 2"):
+        check_lse(ref.clone().index_fill_(2, torch.tensor([2]), float("nan")), ref, q, "[t]")
     with pytest.raises(CheckError, match="divided by ln 2"):
         check_lse(ref / 0.6931471805599453, ref, q, "[t]")
     with pytest.raises(CheckError, match="float32"):

@@ -502,10 +502,12 @@ def check_lse(lse, ref_lse, q, tag: str, labels=("batches", "heads", "query rows
     wrong_inf = torch.isneginf(lse64) != empty
     if wrong_inf.any() or torch.isnan(lse64).any() or torch.isposinf(lse64).any():
         bad = wrong_inf | torch.isnan(lse64) | torch.isposinf(lse64)
+        parts = [f"{what}: {describe_rows(rows, labels)}" for what, rows in (
+            ("rows that see at least one key, where it must be finite", bad & ~empty),
+            ("rows that see no key, where it must be -inf (l = 0)", bad & empty)) if bool(rows.any())]
         raise CheckError(
-            f"{tag} lse is not finite exactly where a row sees at least one key: wrong at "
-            f"{describe_rows(bad, labels)}.\n  likely cause: lse = m + log(l) must be -inf only for rows "
-            "with no visible key, and never NaN")
+            f"{tag} lse is wrong at {'; and at '.join(parts)}.\n  likely cause: lse = m + log(l) must be -inf only "
+            "for rows with no visible key (written there too), and never NaN")
     fin = ~empty
     diff = (lse64 - ref64).abs().masked_fill(~fin, 0.0)
     rel = 2e-2 if q.dtype in (torch.float16, torch.bfloat16) else 1e-4
