@@ -273,14 +273,50 @@ def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
                             "it still counts)")
 
 
-_NO_TRITON_CAUSE = ("no Triton kernel ran during the call: this step grades your Triton kernel, launched from the "
-                    "entry point (kernel[grid](...)); an answer computed with PyTorch operations is not the exercise")
+_NO_TRITON_CAUSE = ("this step grades your Triton kernels, launched from the entry point (kernel[grid](...)), which "
+                    "read the inputs; an answer computed with PyTorch operations is not the exercise")
+#: the inputs a Triton step's kernels must read, by position in the guarded call (step 08's call is forward and
+#: backward together: its fourth argument is dO, which only a backward kernel reads)
+_INPUT_NAMES = ("q", "k", "v", "dO")
+
+
+def _storages(x, out: set) -> set:
+    """The storages of the tensors in ``x`` (a tensor, a host-side tensor descriptor, or a list of them)."""
+    if isinstance(x, torch.Tensor):
+        out.add(x.untyped_storage().data_ptr() or None)          # (an empty tensor's 0 matches nothing)
+    elif isinstance(getattr(x, "base", None), torch.Tensor):
+        out.add(x.base.untyped_storage().data_ptr() or None)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _storages(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _storages(y, out)
+    return out
+
+
+class _Provenance(_LazyDynamoMode):
+    """Which storages hold data derived from each input: an op that reads a derived storage makes its outputs
+    derived too (a copy, a cast, ``.contiguous()``, an in-place ``copy_`` into a buffer)."""
+
+    def __init__(self, inputs: dict):
+        super().__init__()
+        self.derived = {name: _storages(t, set()) for name, t in inputs.items()}
+
+    @_dynamo_off
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        read = _storages([args, kwargs or {}], set())
+        for stores in self.derived.values():
+            if stores & read:
+                _storages(out, stores)
+        return out
 
 
 @contextlib.contextmanager
 def triton_launches():
-    """Counts the Triton kernels launched (compiled or in the interpreter, autotuned or not) while the block runs:
-    yields a list whose length is the count."""
+    """Records the Triton kernels launched while the block runs (compiled or in the interpreter, autotuned or
+    not): yields a list of (kernel name, the storages of its tensor arguments)."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -290,7 +326,7 @@ def triton_launches():
     def counting(run):
         @functools.wraps(run)
         def wrapper(self, *args, **kwargs):
-            seen.append(getattr(self, "__name__", "kernel"))
+            seen.append((getattr(self, "__name__", "kernel"), _storages([args, kwargs], set())))
             return run(self, *args, **kwargs)
         return wrapper
 
@@ -303,15 +339,33 @@ def triton_launches():
             cls.run = run
 
 
+@contextlib.contextmanager
+def kernels_read_inputs(name: str, inputs: dict):
+    """While the block runs, the Triton kernels launched are recorded and the data derived from each of
+    ``inputs`` followed; afterwards each input must have reached some kernel's arguments, else
+    :class:`CheatDetected` names those that did not."""
+    with triton_launches() as seen, _Provenance(inputs) as prov:
+        yield
+    read = set().union(*(stores for _, stores in seen)) - {None} if seen else set()
+    missed = [n for n, stores in prov.derived.items() if not stores & read]
+    if missed:
+        what = "no Triton kernel ran during the call" if not seen else (
+            f"no Triton kernel read {', '.join(missed)} (kernels launched: "
+            f"{', '.join(dict.fromkeys(k for k, _ in seen))})")
+        raise CheatDetected(f"[anti-cheat] {name}: {what}: {_NO_TRITON_CAUSE}")
+
+
 def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: bool = False,
-                               forbid_kv_copies: bool = False, require_triton: bool = False):
+                               forbid_kv_copies: bool = False, require_triton: bool | int = False):
     """``fn`` wrapped so that it may not call PyTorch's attention while it runs (see module doc).
 
     Step 01 (vanilla attention) passes ``allow_softmax=True``: it may use ``torch.softmax`` but not
     SDPA. Steps 04 and later use the default, which also forbids a softmax over the whole row.
     Step 08 adds ``forbid_matmul=True``: its kernels compute every matrix product (PyTorch's
     matmul family, at the dispatcher, raises); the guard covers its forward and its backward.
-    ``require_triton``: the call must launch a Triton kernel (steps 05, 08-10, 15, whose exercise is one).
+    ``require_triton`` (steps 05, 08-10, 15, whose exercise is a Triton kernel): the call's first three tensor
+    arguments (q, k, v; with 4, dO too: step 08's forward and backward in one call) must each reach a Triton
+    kernel's arguments, as they are or as data derived from them (``kernels_read_inputs``).
     Step 05 adds ``forbid_kv_copies=True``: GQA is the kernel's (query head h reads KV head h // G), so
     a call that makes K or V larger (one copy per query head, around a multi-head kernel such as the
     lecture's) raises, and so does one that allocates more than its outputs (o, lse) and one copy of
@@ -328,12 +382,12 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
             kv = (k, v)
             lse = q.numel() // max(q.shape[-1], 1) * 4
             budget = 2 * q.numel() * q.element_size() + lse + nbytes(k) + nbytes(v) + KV_COPY_SLACK
-        launches = triton_launches() if require_triton else contextlib.nullcontext([None])
-        with launches as seen, framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul, kv, budget):
-            out = fn(q, k, v, *args, **kwargs)
-        if not seen and isinstance(q, torch.Tensor) and q.numel():
-            raise CheatDetected(f"[anti-cheat] {name}: {_NO_TRITON_CAUSE}")
-        return out
+        given = dict(zip(_INPUT_NAMES, (q, k, v, *args)))
+        need = {n: t for n, t in list(given.items())[:3 if require_triton is True else int(require_triton)]
+                if isinstance(t, torch.Tensor) and t.numel()}
+        launches = kernels_read_inputs(name, need) if need else contextlib.nullcontext()
+        with launches, framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul, kv, budget):
+            return fn(q, k, v, *args, **kwargs)
 
     return guarded
 

@@ -31,6 +31,14 @@ PLANTED = {
     "saves_p": ("autograd", "        ctx.save_for_backward(q, k, v, o, lse)",
                 "        ctx.save_for_backward(q, k, v, o, lse)\n        ctx.p = q.new_zeros(q.shape[0], q.shape[1], "
                 "q.shape[2], k.shape[2])", "test_medium", "kept"),
+    # the same P kept two containers deep, where a look one level down missed it
+    "saves_p_nested": ("autograd", "        ctx.save_for_backward(q, k, v, o, lse)",
+                       "        ctx.save_for_backward(q, k, v, o, lse)\n        ctx.state = [[q.new_zeros(q.shape[0], "
+                       "q.shape[1], q.shape[2], k.shape[2])]]", "test_medium", "kept"),
+    # a backward with no kernel of its own (the given forward's kernel ran): computed by PyTorch, here as zeros
+    "backward_without_kernels": ("autograd", "        dq, dk, dv = attention_backward(q, k, v, o, lse, do, ctx.causal, "
+                                 "ctx.scale)", "        dq, dk, dv = q * 0 + do.sum() * 0, k * 0, v * 0", "test_small",
+                                 "no Triton kernel read dO"),
 }
 
 # the demo's samples, graded by tests/test_exercise_grading.py: the solution scores every CPU point, the

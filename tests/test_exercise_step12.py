@@ -43,6 +43,13 @@ PLANTED = {
     "ranks_wait_on_each_other": ("ring", _PASS, "dist.recv(incoming, (rank - 1) % P, group)\n"
                                  "            dist.send(kv, (rank + 1) % P, group)\n            pending = []",
                                  "test_noncausal", "waiting on each other"),
+    # the same unsafe merge inside the ring: logits in the hundreds make exp(lse) overflow
+    "ring_merge_unsafe_exp": ("merge", _WEIGHTED, "w_a, w_b = torch.exp(lse_a)[..., None], torch.exp(lse_b)[..., None]\n"
+                              "    o = (w_a * o_a + w_b * o_b) / (w_a + w_b)", "test_causal", "exp(lse) itself overflows"),
+    # K and V also sent to the rank two places on (an all-gather made of sends, on four ranks)
+    "kv_sent_past_the_neighbours": ("ring", _PASS, _PASS[:-2] + "] + ([dist.P2POp(dist.isend, kv, (rank + 2) % P, group), "
+                                    "dist.P2POp(dist.irecv, torch.empty_like(incoming), (rank - 2) % P, group)] "
+                                    "if P > 3 else []))", "test_noncausal", "not its neighbours"),
     "kv_gathered": ("ring", "    dist.all_reduce(total, group=group)\n",
                     "    dist.all_reduce(total, group=group)\n"
                     "    dist.all_gather([torch.empty_like(k) for _ in range(P)], k, group=group)\n",

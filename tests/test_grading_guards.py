@@ -178,6 +178,53 @@ def test_a_triton_step_needs_a_triton_kernel():
     check_entry_point(forbid_framework_attention(tiled), "small")          # step 04's own guard: no kernel asked for
 
 
+_KERNELS_READ = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, triton, triton.language as tl
+from autograder.guards import CheatDetected, forbid_framework_attention
+
+@triton.jit
+def scale_kernel(X, Y, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(Y + i, tl.load(X + i) * 2.0)
+
+def launch(x):                         # the kernel reads x (a flat copy of it: data derived from the input)
+    x = x.reshape(-1)[:16].contiguous()
+    y = torch.empty_like(x)
+    scale_kernel[(1,)](x, y, N=16)
+    return y
+
+def fwd(q, k, v, do, reads):
+    for name, t in zip("qkvd", (q, k, v, do)):
+        if name in reads:
+            launch(t)
+    return q * 1.0
+
+q, k, v, do = (torch.randn(2, 4, 8, 16) for _ in range(4))
+q = q.transpose(1, 2)                  # a strided view: .contiguous() copies it, and the copy still counts
+for reads, need, ok in (("qkvd", 4, True), ("qkv", 3, True), ("qkv", 4, False), ("q", 3, False), ("", 3, False)):
+    try:
+        forbid_framework_attention(lambda q, k, v, do: fwd(q, k, v, do, reads), require_triton=need)(q, k, v, do)
+        got = True
+    except CheatDetected as err:
+        got = False
+        print(reads, need, str(err)[:160])
+    assert got == ok, (reads, need)
+print("done")
+"""
+
+
+def test_a_triton_steps_kernels_must_read_its_inputs():
+    """Launching some kernel is not enough: q, k and v (and step 08's dO) must each reach a kernel's arguments, as
+    they are or as data derived from them (a .contiguous() copy counts); else the message names the missing."""
+    r = subprocess.run([sys.executable, "-c", _KERNELS_READ], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"})
+    assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stdout + r.stderr
+    assert "no Triton kernel read dO" in r.stdout and "no Triton kernel read k, v" in r.stdout
+    assert "no Triton kernel ran" in r.stdout
+
+
 def _cached():
     cache = {}
 

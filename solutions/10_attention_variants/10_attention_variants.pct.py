@@ -308,7 +308,7 @@ judge("test_alibi", flex_attention_triton)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_softcap", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# hidden test: soft-capping alone, with a window, and capped then ALiBi with a window
+# hidden test: soft-capping alone (also on ragged lengths, no mask), with a window, and capped then ALiBi with a window
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_softcap", flex_attention_triton)

@@ -33,13 +33,14 @@ from facourse.ring import (RING_CASES, block_attention, check_merge_partials, ch
 #
 # **What is graded** (11 points, all on a CPU: each test starts the ranks as processes of this
 # machine in a `gloo` group): the merge of two partial results (1); non-causal on 2 and 4 ranks, with a
-# scale (2); causal on 2 and 4 ranks (3); lengths that do not divide, on 3 ranks (2); MQA, and a sequence
-# of 7 rows on 4 ranks (a chunk of 0 rows) (2); bf16 (1). Results by the course's rule: no worse than
-# twice PyTorch's own error in the same dtype (+1e-3), relative error below 1%. Every ring test also
-# checks that K and V went **point to point**: no rank may move more than a few numbers through
-# collectives (gathering K/V with `all_gather` is the lecture's other design, not this one), and each
-# must receive the other ranks' shards. A ring whose ranks wait on each other fails its test after 30 s,
-# and the notebook goes on.
+# scale (2); causal on 2 and 4 ranks, also with logits in the hundreds and with a scale (3); lengths that
+# do not divide, on 3 ranks (2); MQA, and a sequence of 7 rows on 4 ranks (a chunk of 0 rows) (2); bf16
+# (1). Results by the course's rule: no worse than twice PyTorch's own error in the same dtype (+1e-3),
+# relative error below 1%. Every ring test also checks that K and V went **point to point**: no rank may
+# move more than a few numbers through collectives (gathering K/V with `all_gather` is the lecture's
+# other design, not this one), each exchanges K/V with its two neighbours on the ring only (sends to
+# every rank are an all-gather too), and each must receive the other ranks' shards. A ring whose ranks
+# wait on each other fails its test after 30 s, and the notebook goes on.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task_merge", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Your task, part 1: merge two partial results
@@ -156,6 +157,7 @@ def ring_attention(q, k, v, causal=False, scale=None, group=None):
 
 # %% nbgrader={"grade": true, "grade_id": "test_causal", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 check_ring(ring_attention, "w2_causal", traffic=True)    # 2 ranks, zigzag: chunks 0 and 3, chunks 1 and 2
+# hidden test: also on 4 ranks, with logits in the hundreds (q times 64) and with scale 0.05
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_causal", ring_attention)

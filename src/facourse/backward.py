@@ -60,11 +60,21 @@ def _ctx_tensors(node, limit: int = 64) -> list:
         if n is None or id(n) in seen:
             continue
         seen.add(id(n))
-        for x in getattr(n, "__dict__", {}).values():
-            items = x if isinstance(x, (list, tuple)) else x.values() if isinstance(x, dict) else (x,)
-            out += [t for t in items if isinstance(t, torch.Tensor)]
+        out += _tensors_in(list(getattr(n, "__dict__", {}).values()))
         todo += [f for f, _ in getattr(n, "next_functions", ())]
     return out
+
+
+def _tensors_in(x, depth: int = 4) -> list:
+    """The tensors in ``x``, inside lists, tuples, dicts and objects' attributes down to ``depth`` levels
+    (``ctx.p = [[p]]`` or ``ctx.state = SimpleNamespace(p=p)`` keep P as surely as ``ctx.p = p``)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if depth == 0 or isinstance(x, (str, bytes, int, float, type)) or callable(x):
+        return []
+    items = (x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple, set))
+             else getattr(x, "__dict__", {}).values())
+    return [t for y in items for t in _tensors_in(y, depth - 1)]
 
 
 def forward_backward(fn):

@@ -132,17 +132,31 @@ def _nbytes(obj) -> int:
     return 0
 
 
-def _count_traffic(traffic: dict) -> None:
+#: The traffic entry of point-to-point bytes exchanged with a rank that is no neighbour on the ring (nor any peer,
+#: for recv_anysource): an all-gather made of sends.
+OFF_RING = "off_ring"
+
+
+def _count_traffic(traffic: dict, rank: int, world: int) -> None:
     """Count every operation of every process group of this (forked) process: its kind and the bytes
-    of the tensors it was given. Patched on the class, so that however the rank's code reached
+    of the tensors it was given, and the point-to-point bytes exchanged with a rank other than the two
+    neighbours (``OFF_RING``). Patched on the class, so that however the rank's code reached
     torch.distributed (``dist.isend``, ``batch_isend_irecv``, a function imported early), it counts."""
     from torch._C._distributed_c10d import ProcessGroup
+
+    neighbours = {(rank + 1) % world, (rank - 1) % world}
 
     def counted(name, kind, method):
         def op(self, *args, **kwargs):
             entry = traffic.setdefault(name, [0, 0])
             entry[0] += 1
             entry[1] += _nbytes(args[0]) if args else 0
+            if kind == "p2p":
+                peer = args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("srcRank"))
+                if not isinstance(peer, int) or peer not in neighbours:
+                    off = traffic.setdefault(OFF_RING, [0, 0])
+                    off[0] += 1
+                    off[1] += _nbytes(args[0]) if args else 0
             return method(self, *args, **kwargs)
         op.kind = kind
         return op
@@ -171,7 +185,7 @@ def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeou
             store = dist.FileStore(store_path, world)
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                     timeout=timedelta(seconds=timeout + EXTRA_SECONDS + 5))  # run_ring decides first
-            _count_traffic(traffic)
+            _count_traffic(traffic, rank, world)
             stage[rank] = 1
             result = fn(q, k, v, causal=causal, scale=scale, group=None)
         payload = {"ok": True, "result": result}
@@ -206,6 +220,9 @@ class RingRun:
 
     def collective_bytes(self) -> list[int]:
         return [sum(b for name, (_, b) in t.items() if name in _COLLECTIVES) for t in self.traffic]
+
+    def off_ring_bytes(self) -> list[int]:
+        return [t.get(OFF_RING, (0, 0))[1] for t in self.traffic]
 
 
 def _stop(procs) -> None:
@@ -420,8 +437,10 @@ def on_ring(fn, world: int, *, timeout: float | None = None, layout: str | None 
 
 # ----------------------------------------------------------------------------- the cases
 def traffic_table(run: RingRun) -> torch.Tensor:
-    """float64 [world, 2]: the bytes each rank gave point-to-point operations and collectives."""
-    return torch.tensor([run.p2p_bytes(), run.collective_bytes()], dtype=torch.float64).T.contiguous()
+    """float64 [world, 3]: the bytes each rank gave point-to-point operations, collectives, and point-to-point
+    operations with a rank that is no neighbour of it on the ring."""
+    return torch.tensor([run.p2p_bytes(), run.collective_bytes(), run.off_ring_bytes()],
+                        dtype=torch.float64).T.contiguous()
 
 
 #: A rank may pass a few numbers through collectives (its length: S is their sum); more is K/V.
@@ -437,7 +456,13 @@ def check_traffic(table: torch.Tensor, k: torch.Tensor, world: int, causal: bool
     kv = 2 * k.element_size() * k.shape[0] * k.shape[1] * k.shape[3]         # bytes of K and V per row
     S = k.shape[2]
     for r in range(world):
-        p2p, coll = (float(x) for x in table[r])
+        p2p, coll, off = (float(x) for x in table[r]) if table.shape[-1] > 2 else (*map(float, table[r]), 0.0)
+        if off > 0:
+            raise AttentionCheckError(
+                f"{tag} rank {r} exchanged {off / 1e6:.3g} MB point to point with ranks that are not its neighbours "
+                f"on the ring (ranks {(r - 1) % world} and {(r + 1) % world}).\n  likely cause: K and V were sent to "
+                "every rank, an all-gather built of sends: the ring passes each shard to the next rank only, "
+                "world_size - 1 times, so that a rank holds two shards at a time")
         if coll > COLLECTIVE_ALLOWANCE:
             raise AttentionCheckError(
                 f"{tag} rank {r} moved {coll / 1e6:.3g} MB through collectives (all_gather, broadcast, ...).\n"
@@ -584,8 +609,9 @@ def where_ranks(bad_rows: torch.Tensor, S: int, world: int, causal: bool, layout
 
 # ----------------------------------------------------------------------------- the check
 NAN_CAUSE = ("a block in which a row sees no key has lse = -inf: its merge weight exp(lse_part - lse) must be 0, "
-             "and a row whose merged lse is still -inf keeps o = 0 (-inf - (-inf) is NaN); or some rows were "
-             "never written (the check fills new allocations with NaN)")
+             "and a row whose merged lse is still -inf keeps o = 0 (-inf - (-inf) is NaN); with logits in the "
+             "hundreds, exp(lse) itself overflows: merge with weights exp(lse_part - max), the larger lse "
+             "subtracted; or some rows were never written (the check fills new allocations with NaN)")
 
 
 def check_ring_result(o, lse, q, k, v, causal: bool, scale, world: int, *, layout: str | None = None,
@@ -621,7 +647,7 @@ def check_ring_result(o, lse, q, k, v, causal: bool, scale, world: int, *, layou
 
 def check_ring(fn, case="w2_causal", *, seed: int | None = None, dtype=None, timeout: float | None = None,
                distributed: bool = True, verbose: bool = True, layout: str | None = None,
-               traffic: bool = False, scale=None) -> RingRun | None:
+               traffic: bool = False, scale=None, logit_scale: float = 1.0) -> RingRun | None:
     """Check a ring attention on one of :data:`RING_CASES` (CPU, gloo ranks), by the course's rule.
 
     ``fn`` is ``ring_attention(q, k, v, causal=False, scale=None, group=None)``, run on the case's
@@ -629,11 +655,14 @@ def check_ring(fn, case="w2_causal", *, seed: int | None = None, dtype=None, tim
     q, k, v (the grader's recorded ring). Raises :class:`AttentionCheckError` (or :class:`RingError`)
     naming the ranks and rows that are wrong and the likely cause. Returns the :class:`RingRun`.
     A ``layout`` other than the rule's is for the solution ladder. With ``traffic`` the K/V must
-    also have gone round the ring point to point (:func:`check_traffic`).
+    also have gone round the ring point to point, between neighbours (:func:`check_traffic`). ``logit_scale``
+    multiplies q: logits in the hundreds, where a merge that does not subtract the larger lse overflows.
     """
     c = get_ring_case(case)
     seed = draw_seed(seed)
     q, k, v = make_inputs(c.cfg, seed, "cpu", dtype)
+    if logit_scale != 1.0:
+        q = q * logit_scale
     call = on_ring(fn, c.world, timeout=timeout, layout=layout, traffic=traffic) if distributed else fn
     tag = make_tag(c.describe(), seed)
     result = guarded_call(call, q, k, v, device=q.device, tag=tag, inputs={"q": q, "k": k, "v": v},

@@ -364,6 +364,7 @@ VARIANT_CASES: dict[str, VariantCase] = {c.name: c for c in (
     VariantCase("window_empty_rows", "empty_rows", "window", window=40),    # Sq > Skv: rows with no key
     VariantCase("alibi", "large", "causal", "alibi"),
     VariantCase("softcap", "noncausal", "none", "softcap", cap=2.0),
+    VariantCase("softcap_ragged", "ragged", "none", "softcap", cap=2.0),      # no mask: Sq, Skv bound the keys
     VariantCase("window_softcap", "medium", "window", "softcap", window=64, cap=2.0),
     VariantCase("documents_alibi", "medium", "documents", "alibi", doc_lengths=(1, 37, 200, 1, 90, 64, 119)),
     VariantCase("documents_short", "small", "documents", doc_lengths=(1, 1, 3, 1, 16, 2)),
