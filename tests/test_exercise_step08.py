@@ -49,3 +49,15 @@ GRADING = solution_and_stub(STEP, 16, GPU_ONLY, 5, PLANTED["no_causal_mask_backw
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):
     """Each mistake, planted in the solution, scores 0 in the test named for it, whose message names it."""
     assert_planted_bugs_named(tmp_path, STEP, ("setup", "forward"), PLANTED)
+
+
+def test_one_query_row_has_no_other_rows_lse_to_blame():
+    """With Sq = 1 (decode), "P rebuilt with another row's lse" is the row's own lse: the diagnosis would name it for
+    any mistake that leaves the first batch right, so it is not offered there."""
+    import torch
+
+    from facourse import backward as bw
+    one, many = torch.zeros(2, 8, 1, 64), torch.zeros(2, 8, 16, 64)
+    k = torch.zeros(2, 2, 16, 64)
+    assert "lse_next_row" not in bw._variants_for(one, k, True)
+    assert "lse_next_row" in bw._variants_for(many, k, True)

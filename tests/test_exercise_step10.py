@@ -107,6 +107,9 @@ WRONG = [
     ("alibi_slopes_reversed", "alibi", _computing(score_of=_slopes(lambda m: m.flip(0))), "ALiBi's slope per head is wrong"),
     ("alibi_wrong_sign", "documents_alibi", _computing(score_of=_slopes(lambda m: -m)), "ALiBi's bias has the wrong sign"),
     ("softcap_after_mask", "window_softcap", _computing(mask_first=True), "the soft cap is applied after the mask"),
+    ("gqa_heads_mod", "window", lambda q, k, v, mask=None, score_mod=None, scale=None, block_mask=None: _computing()(
+        q, k[:, torch.arange(q.shape[1]) % k.shape[1]], v[:, torch.arange(q.shape[1]) % k.shape[1]], mask, score_mod,
+        scale), "wrong KV head"),
 ]
 
 

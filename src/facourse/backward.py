@@ -250,7 +250,9 @@ PASSES = ({"dq"}, {"dk", "dv"})
 
 def _variants_for(q, k, causal) -> list[str]:
     Hq, Hkv = q.shape[1], k.shape[1]
-    out = ["no_D", "dq_scaled_twice", "dq_unscaled", "dk_unscaled", "lse_next_row", "lse_next_row_wrap"]
+    out = ["no_D", "dq_scaled_twice", "dq_unscaled", "dk_unscaled"]
+    if q.shape[2] > 1:          # with one query row, "another row's lse" is the row's own: it would match anything
+        out += ["lse_next_row", "lse_next_row_wrap"]
     if Hq != Hkv:
         out += ["gqa_first_head", "gqa_last_head"]
     if causal:
@@ -411,7 +413,8 @@ def check_forward_backward(fb, config: str | AttnConfig = "small", *, seed: int 
     if not isinstance(result, (tuple, list)) or len(result) != 5:
         raise AttentionCheckError(f"{tag} forward_backward returned {type(result).__name__}")
     o, dq, dk, dv, kept_rec = result
-    lines = check_gradients_of(o, dq, dk, dv, q, k, v, do, cfg.causal, scale, config=cfg.describe(), seed=seed,
+    shown = cfg.describe() if scale is None else f"{cfg.describe()}, scale {scale:g}"     # a given scale said
+    lines = check_gradients_of(o, dq, dk, dv, q, k, v, do, cfg.causal, scale, config=shown, seed=seed,
                                kept=kept_rec if kept else None)
     if verbose:
         say(*lines)

@@ -432,6 +432,11 @@ def _mistakes(case: VariantCase, cfg: AttnConfig, mask, score, q, k, v, scale) -
         add("the score modifier saw logits already in base 2 (multiplied by log2 e): call it on scale * q.k in "
             "natural units, then convert to base 2",
             sm=Mod("base 2", None, lambda s_, b, h, i, j: score.ref(s_ * log2e, b, h, i, j) / log2e))
+    if 1 < k.shape[1] < Hq:
+        heads = torch.arange(Hq, device=k.device) % k.shape[1]
+        out.append(Mistake("the query heads map to the wrong KV head: query head h reads KV head h // (Hq // Hkv) "
+                           "(the heads of a group are consecutive), not h % Hkv", lambda: {"o": variant_reference(
+                               q, k[:, heads], v[:, heads], mask, score, scale)[0]}))
     if mask is not None:
         add("the mask function is not applied", m=None)
         for bm, bn in TILE_SIZES:
