@@ -356,15 +356,15 @@ def kernels_read_inputs(name: str, inputs: dict):
 
 
 def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: bool = False,
-                               forbid_kv_copies: bool = False, require_triton: bool | int = False):
+                               forbid_kv_copies: bool = False, require_triton: int = 0):
     """``fn`` wrapped so that it may not call PyTorch's attention while it runs (see module doc).
 
     Step 01 (vanilla attention) passes ``allow_softmax=True``: it may use ``torch.softmax`` but not
     SDPA. Steps 04 and later use the default, which also forbids a softmax over the whole row.
     Step 08 adds ``forbid_matmul=True``: its kernels compute every matrix product (PyTorch's
     matmul family, at the dispatcher, raises); the guard covers its forward and its backward.
-    ``require_triton`` (steps 05, 08-10, 15, whose exercise is a Triton kernel): the call's first three tensor
-    arguments (q, k, v; with 4, dO too: step 08's forward and backward in one call) must each reach a Triton
+    ``require_triton`` (steps 05, 08-10, 15, whose exercise is a Triton kernel): that many of the call's first
+    tensor arguments (3: q, k, v; 4, dO too: step 08's forward and backward in one call) must each reach a Triton
     kernel's arguments, as they are or as data derived from them (``kernels_read_inputs``).
     Step 05 adds ``forbid_kv_copies=True``: GQA is the kernel's (query head h reads KV head h // G), so
     a call that makes K or V larger (one copy per query head, around a multi-head kernel such as the
@@ -383,7 +383,7 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
             lse = q.numel() // max(q.shape[-1], 1) * 4
             budget = 2 * q.numel() * q.element_size() + lse + nbytes(k) + nbytes(v) + KV_COPY_SLACK
         given = dict(zip(_INPUT_NAMES, (q, k, v, *args)))
-        need = {n: t for n, t in list(given.items())[:3 if require_triton is True else int(require_triton)]
+        need = {n: t for n, t in list(given.items())[:require_triton]
                 if isinstance(t, torch.Tensor) and t.numel()}
         launches = kernels_read_inputs(name, need) if need else contextlib.nullcontext()
         with launches, framework_attention_forbidden(name, skv, allow_softmax, forbid_matmul, kv, budget):

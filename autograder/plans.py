@@ -107,7 +107,7 @@ def _perf(step: str, capability=None, needs="gpu", *, check: str = "perf_correct
 
 
 #: the kernels of steps 08-10 and 15 compute their products with tl.dot, no softmax over a whole row, in Triton
-_TRITON_KERNEL = {"allow_softmax": False, "forbid_matmul": True, "require_triton": True}
+_TRITON_KERNEL = {"allow_softmax": False, "forbid_matmul": True, "require_triton": 3}
 
 
 def _step01() -> dict[str, Test]:
@@ -177,7 +177,7 @@ def _step04() -> dict[str, Test]:
 
 
 def _step05() -> dict[str, Test]:
-    guard = {"allow_softmax": False, "forbid_kv_copies": True, "require_triton": True}
+    guard = {"allow_softmax": False, "forbid_kv_copies": True, "require_triton": 3}
     lse = {"expect_lse": True}
     tests = _attention_step(True, guard)
     tests.update({

@@ -173,7 +173,7 @@ def test_a_triton_step_needs_a_triton_kernel():
     from triton.runtime.jit import JITFunction
     runs = JITFunction.run, InterpretedFunction.run
     with pytest.raises(CheatDetected, match="no Triton kernel ran"):
-        check_entry_point(forbid_framework_attention(tiled, require_triton=True), "small")
+        check_entry_point(forbid_framework_attention(tiled, require_triton=3), "small")
     assert (JITFunction.run, InterpretedFunction.run) == runs
     check_entry_point(forbid_framework_attention(tiled), "small")          # step 04's own guard: no kernel asked for
 

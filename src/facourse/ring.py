@@ -456,7 +456,7 @@ def check_traffic(table: torch.Tensor, k: torch.Tensor, world: int, causal: bool
     kv = 2 * k.element_size() * k.shape[0] * k.shape[1] * k.shape[3]         # bytes of K and V per row
     S = k.shape[2]
     for r in range(world):
-        p2p, coll, off = (float(x) for x in table[r]) if table.shape[-1] > 2 else (*map(float, table[r]), 0.0)
+        p2p, coll, off = (float(x) for x in table[r])
         if off > 0:
             raise AttentionCheckError(
                 f"{tag} rank {r} exchanged {off / 1e6:.3g} MB point to point with ranks that are not its neighbours "

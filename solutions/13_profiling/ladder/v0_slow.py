@@ -36,10 +36,15 @@ CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128}
 LAUNCH = {"num_warps": 4, "num_stages": 1}
 
 
-def fast_attention(q, k, v, causal=False, scale=None):
-    """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
-    return fa.launch_fixed(q, k, v, causal, scale, SWITCHES, CONFIG, LAUNCH)
+def entry(switches, config, launch):
+    """The rung's entry point: step 05's kernel with ``switches``, ``config`` tiles and ``launch`` (v1-v4 too)."""
+    def fast_attention(q, k, v, causal=False, scale=None):
+        """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
+        return fa.launch_fixed(q, k, v, causal, scale, switches, config, launch)
+    return fast_attention
 
+
+fast_attention = entry(SWITCHES, CONFIG, LAUNCH)
 
 if __name__ == "__main__":
     fa.run_standalone(fast_attention, sys.argv)

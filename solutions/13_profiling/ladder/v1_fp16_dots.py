@@ -10,15 +10,11 @@ import sys
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 import v0_slow as prev  # noqa: E402  (the rung before this one)
 
-fa = prev.fa
+fa, entry = prev.fa, prev.entry
 SWITCHES = dict(prev.SWITCHES, F32_DOTS=False)
 CONFIG, LAUNCH = prev.CONFIG, prev.LAUNCH
 
-
-def fast_attention(q, k, v, causal=False, scale=None):
-    """FlashAttention-2 forward. q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] (any strides). Returns (o, lse)."""
-    return fa.launch_fixed(q, k, v, causal, scale, SWITCHES, CONFIG, LAUNCH)
-
+fast_attention = entry(SWITCHES, CONFIG, LAUNCH)
 
 if __name__ == "__main__":
     fa.run_standalone(fast_attention, sys.argv)
