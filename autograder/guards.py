@@ -316,12 +316,15 @@ class _Provenance(_LazyDynamoMode):
 @contextlib.contextmanager
 def triton_launches():
     """Records the Triton kernels launched while the block runs (compiled or in the interpreter, autotuned or
-    not): yields a list of (kernel name, the storages of its tensor arguments)."""
+    not, or a kernel compiled ahead with ``warmup`` and launched as ``compiled[grid](...)``): yields a list of
+    (kernel name, the storages of its tensor arguments)."""
+    from triton.compiler.compiler import CompiledKernel
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     seen: list = []
-    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+    originals = {(JITFunction, "run"): JITFunction.run, (InterpretedFunction, "run"): InterpretedFunction.run,
+                 (CompiledKernel, "__getitem__"): CompiledKernel.__getitem__}
 
     def counting(run):
         @functools.wraps(run)
@@ -330,13 +333,24 @@ def triton_launches():
             return run(self, *args, **kwargs)
         return wrapper
 
-    for cls, run in originals.items():
-        cls.run = counting(run)
+    def counting_grid(getitem):
+        @functools.wraps(getitem)
+        def wrapper(self, grid):
+            runner = getitem(self, grid)
+
+            def launch(*args, **kwargs):
+                seen.append((getattr(self, "name", "kernel"), _storages([args, kwargs], set())))
+                return runner(*args, **kwargs)
+            return launch
+        return wrapper
+
+    for (cls, attr), fn in originals.items():
+        setattr(cls, attr, counting_grid(fn) if attr == "__getitem__" else counting(fn))
     try:
         yield seen
     finally:
-        for cls, run in originals.items():
-            cls.run = run
+        for (cls, attr), fn in originals.items():
+            setattr(cls, attr, fn)
 
 
 @contextlib.contextmanager

@@ -225,6 +225,17 @@ def test_a_triton_steps_kernels_must_read_its_inputs():
     assert "no Triton kernel ran" in r.stdout
 
 
+def test_a_kernel_compiled_ahead_and_launched_by_grid_counts(monkeypatch):
+    """``compiled = kernel.warmup(...); compiled[grid](...)`` (a host-overhead cut on a GPU) skips JITFunction.run:
+    its launches are recorded too, with their arguments (the launcher itself needs a GPU: a stand-in here)."""
+    from triton.compiler.compiler import CompiledKernel
+    monkeypatch.setattr(CompiledKernel, "__getitem__", lambda self, grid: lambda *args, **kw: None)
+    q = torch.randn(2, 8)
+    with guards.triton_launches() as seen:
+        CompiledKernel.__getitem__(type("K", (), {"name": "attn_fwd"})(), (1, 1, 1))(q[:, :4], 3)
+    assert seen == [("attn_fwd", {q.untyped_storage().data_ptr()})]
+
+
 def _cached():
     cache = {}
 
