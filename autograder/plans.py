@@ -250,8 +250,9 @@ def _step09() -> dict[str, Test]:
         "test_page48": t("page48"),
         "test_prefix": t("prefix"),
         "test_mqa": t("mqa"),
-        "test_spec": Test((Check("paged", {"case": "spec"}), Check("paged", {"case": "spec", "scale": 0.05})),
-                          guard=guard),
+        # Sq = 4 and 8 new tokens (the contract's most), the one check with int64 seq_lens
+        "test_spec": Test((Check("paged", {"case": "spec"}), Check("paged", {"case": "spec", "scale": 0.05}),
+                           Check("paged", {"case": "spec", "Sq": 8, "lens_dtype": "int64"})), guard=guard),
         "test_d64": t("d64"),
         "test_bf16": t("mixed", "spec", "page48", needs="gpu", dtype="bfloat16"),
         "test_bad_inputs": Test((Check("paged_bad_inputs"),), guard=guard),

@@ -282,3 +282,78 @@ def test_overflowed_merge_is_named_on_the_seed_that_misnamed_it():
     o[1:] = float("nan")                       # an unsafe merge: inf / inf on every sequence longer than a split
     with pytest.raises(AttentionCheckError, match="exponentiates lse without subtracting the max"):
         check_paged_result(o, lse, inp, config="page64")
+
+
+def _paged_result_error(inp, o, lse, case) -> str:
+    from facourse.decode import check_paged_result, get_decode_case
+    with pytest.raises(AttentionCheckError) as err:
+        check_paged_result(o.to(inp.q.dtype), lse.float(), inp, config=get_decode_case(case, "cpu").describe())
+    return str(err.value)
+
+
+@pytest.mark.parametrize("strides", ["contiguous", "token_stride_D"])
+def test_09_q_read_with_wrong_strides_is_named_not_the_merge(strides):
+    """q is a view of [B, Sq, Hq, D] storage: a kernel that reads it as contiguous [B, Hq, Sq, D], or takes
+    its token stride as D, gets other heads' and tokens' rows. A sequence whose rows see one key is right
+    whatever q is: that must not pass for "short sequences right, long ones wrong" (the merge)."""
+    import torch
+
+    from facourse.decode import make_paged_inputs, paged_reference
+    for case in ("spec", "d64"):
+        inp = make_paged_inputs(case, 11, "cpu")
+        q = inp.q
+        B, Hq, Sq, D = q.shape
+        if Sq == 1:
+            continue
+        wrong = ((Hq * Sq * D, Sq * D, D, 1) if strides == "contiguous" else (q.stride(0), q.stride(1), D, 1))
+        o, lse = paged_reference(torch.as_strided(q, q.shape, wrong, q.storage_offset()), *inp[1:])
+        msg = _paged_result_error(inp, o, lse, case)
+        assert "q is read with the wrong strides" in cause_text(msg) and "merge" not in cause_text(msg), msg
+        assert f"Sq={Sq}" in msg and "query rows" in msg, msg
+
+
+def test_09_a_sequence_of_one_key_proves_nothing_about_the_merge():
+    """Every row of the 1-token sequence sees one key, so its o is that key's v whatever the scores: a q
+    wrong on every head leaves it right and breaks every longer sequence, which is no merge fault."""
+    from facourse.decode import make_paged_inputs, paged_reference
+    inp = make_paged_inputs("mixed", 3, "cpu")
+    o, lse = paged_reference(inp.q.flip(1), *inp[1:])          # query head h read as head Hq - 1 - h
+    msg = _paged_result_error(inp, o, lse, "mixed")
+    assert "1: 1" not in msg and "merge of the splits (each partial" not in msg, msg
+    assert "q's strides" in cause_text(msg), msg
+
+
+def test_09_int64_seq_lens_read_as_int32_is_named():
+    """int64 seq_lens read through an int32 pointer: sequence b gets 32-bit word b (the low word of
+    length b // 2 or a high word, 0)."""
+    from dataclasses import replace
+
+    import torch
+
+    from facourse.decode import get_decode_case, make_paged_inputs, paged_reference
+    case = replace(get_decode_case("spec", "cpu"), Sq=8, lens_dtype="int64")
+    inp = make_paged_inputs(case, 5, "cpu")
+    assert inp.seq_lens.dtype == torch.int64
+    o, lse = paged_reference(*inp, lens=inp.seq_lens.view(torch.int32)[:case.B])
+    msg = _paged_result_error(inp, o, lse, case)
+    assert "seq_lens is int64 here and was read as int32" in cause_text(msg), msg
+    assert "seq_lens" in msg and "int64" in msg.split("likely cause")[0], msg
+
+
+def cause_text(msg: str) -> str:
+    return msg.split("likely cause:", 1)[-1]
+
+
+def test_09_rows_never_computed_are_not_blamed_on_unmasked_loads():
+    """ROWS fixed at 16 with G * Sq = 32 (Sq = 8): heads 2-3 of each group of 4 are never computed, their o
+    is whatever torch.empty held (NaN here) in every sequence alike: no load of a NaN key does that."""
+    from dataclasses import replace
+
+    from facourse.decode import get_decode_case, make_paged_inputs, paged_reference
+    case = replace(get_decode_case("spec", "cpu"), Sq=8)
+    inp = make_paged_inputs(case, 7, "cpu")
+    o, lse = paged_reference(*inp)
+    o[:, [2, 3, 6, 7]] = float("nan")
+    msg = _paged_result_error(inp, o, lse, case)
+    assert "query heads 2-3, 6-7" in msg and "Sq=8" in msg, msg
+    assert "never computed" in cause_text(msg) and "G * Sq = 32" in cause_text(msg), msg

@@ -38,6 +38,9 @@ PLANTED = {
     "merge_unsafe_exp": ("merge_kernel", "w = tl.math.exp2(lse_s - big_use)",
                          "w = tl.math.exp2(lse_s)\n    big_use = big_use * 0.0", "test_page64",
                          "the merge exponentiates lse without subtracting the max"),
+    # q is a view of [B, Sq, Hq, D] storage: its token stride is Hq * D, not D (test_spec's Sq > 1 rows alone)
+    "q_token_stride_ignored": ("launch", "*q.stride()[:3]", "q.stride(0), q.stride(1), D", "test_spec",
+                               "q is read with the wrong strides"),
     "no_validation": ("launch", "    validate_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, scale)\n", "",
                       "test_bad_inputs", "validate_paged_inputs"),
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_planted_bugs_named, solution_and_stub
+from conftest import assert_planted_bugs_named, planted_verdicts, solution_and_stub, solution_code
 from facourse import AttentionCheckError
 from facourse import variants as V
 
@@ -34,6 +34,22 @@ _BASE2 = '''    s = tl.dot(q, kT) * scale                                       
     if PARTIAL:
         keep = keep & mask(b, h, i, j, Sq, Skv, MASK_INTS, MASK_FLOATS)  # then the mask
     s = tl.where(keep, s * 1.4426950408889634, float("-inf"))      # log2 units for exp2'''
+
+_SCORE = "    s = score_mod(s, b, h, i, j, Sq, Skv, SCORE_INTS, SCORE_FLOATS)  # first the score modifier\n"
+_SCORE_THEN_MASK = _SCORE + """    keep = j < Skv
+    if PARTIAL:
+        keep = keep & mask(b, h, i, j, Sq, Skv, MASK_INTS, MASK_FLOATS)  # then the mask
+"""
+_LOOPS = """                                    True, D, BLOCK_N)
+    for t in range(0, tl.load(FULL_NUM + row)):                     # full tiles: no mask function
+        start_n = tl.load(FULL_IDX + row * Tk + t) * BLOCK_N
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, k_base, v_base, sks, svs, start_n, b, h, i, Sq, Skv,
+                                    scale, MASK_INTS, MASK_FLOATS, SCORE_INTS, SCORE_FLOATS, mask, score_mod,
+                                    False, D, BLOCK_N)"""
+_SCORE_ON_PARTIAL = _SCORE_THEN_MASK.replace(_SCORE, "").replace("    if PARTIAL:\n", "    if PARTIAL:\n    " + _SCORE)
+_SWAPPED = _LOOPS.replace("True, D", "@").replace("False, D", "True, D").replace("@", "False, D")
+_ROW = "row = ((b % Bm) * Hm + h % Hm) *"
+_MASK_IF = "    if PARTIAL:\n        keep = keep & mask("
 
 # (the cell, the solution's text, the mistake, the test that loses its points, what its message names)
 PLANTED = {
@@ -66,6 +82,45 @@ PLANTED = {
                                 "visible = mask(b, h, i, j, Sq, Skv, INTS, FLOATS) & (i < Sq) & (j < Skv)",
                                 "visible = mask(b, h, i, j, Sq, Skv, INTS, FLOATS)", "test_block_mask",
                                 "full, should be partial"),
+    # the score modifier skipped with the mask on full tiles: causal + ALiBi has full tiles below the diagonal
+    "score_mod_on_partial_tiles_only": ("kernel", _SCORE_THEN_MASK, _SCORE_ON_PARTIAL, "test_alibi",
+                                        "the score modifier is applied on partial tiles only"),
+    "score_mod_on_partial_tiles_only_lists": ("kernel", _SCORE_THEN_MASK, _SCORE_ON_PARTIAL, "test_tile_lists",
+                                              "the score modifier is applied on partial tiles only"),
+    # the mask on every tile is harmless with the mask's own lists: only a changed block mask shows it
+    "mask_on_full_tiles_too": ("kernel", _MASK_IF, _MASK_IF.replace("PARTIAL", "True"), "test_tile_lists",
+                               "applied on the tiles listed as full too"),
+    "mask_on_full_tiles_only": ("kernel", _LOOPS, _SWAPPED, "test_tile_lists",
+                                "the PARTIAL switch of the two loops is swapped"),
+    "mask_skipped_lists": ("kernel", _MASK_IF, _MASK_IF.replace("PARTIAL", "False"), "test_tile_lists",
+                           "the mask function is not applied on any tile"),
+    # the row of the lists: the changed block mask has lists per head and per batch; documents, per batch
+    "lists_row_ignores_head": ("kernel", _ROW, "row = ((b % Bm) * Hm) *", "test_tile_lists",
+                               "every head reads head 0's lists"),
+    "lists_row_of_kv_head": ("kernel", _ROW, "row = ((b % Bm) * Hm + (h // GROUP) % Hm) *", "test_tile_lists",
+                             "query head h reads the lists of head h // (Hq // Hkv)"),
+    "lists_row_ignores_batch": ("kernel", _ROW, "row = (h % Hm) *", "test_documents",
+                                "every batch reads batch 0's lists"),
+    # the score modifier given the wrong head: ALiBi's slope is the query head's
+    "score_mod_head_0": ("kernel", "score_mod(s, b, h, i, j", "score_mod(s, b, 0, i, j", "test_alibi",
+                         "get head 0 for every query head"),
+    "mods_get_kv_head": ("kernel", "start_n, b, h, i, Sq, Skv,\n", "start_n, b, h // GROUP, i, Sq, Skv,\n",
+                         "test_alibi", "indexed by the KV head instead of the query head"),
+    # correct but slower: only the builder's test sees it
+    "empty_tiles_partial": ("classes_kernel", "tl.where(n > 0, PARTIAL, EMPTY)", "PARTIAL", "test_block_mask",
+                            "empty tiles listed as partial"),
+    # a window's first partial tile hides every key of its last rows: NaN in rows that do see keys
+    "no_guard_window": ("kernel", 'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
+                        "test_window", "exp(-inf - (-inf)) is NaN"),
+}
+
+# mistakes in two cells at once: (the cells' {cell: (the solution's text, the mistake)}, the test, what it names)
+PLANTED_TOGETHER = {
+    # empty tiles listed as partial change nothing, but with no guard for m = -inf every row that misses
+    # the first key tile turns NaN
+    "empty_tiles_partial_no_guard": ({"classes_kernel": PLANTED["empty_tiles_partial"][1:3],
+                                      "kernel": PLANTED["no_guard_window"][1:3]}, "test_window",
+                                     "the block mask lists empty tiles as partial"),
 }
 
 # the demo's samples, graded by tests/test_exercise_grading.py: the solution scores every CPU point, the
@@ -76,6 +131,22 @@ GRADING = solution_and_stub(STEP, 22, GPU_ONLY, 6, PLANTED["softcap_after_mask"]
 def test_planted_bugs_lose_the_points_that_name_them(tmp_path):
     """Each mistake, planted in the solution, scores 0 in the test named for it, whose message names it."""
     assert_planted_bugs_named(tmp_path, STEP, ("setup", "builder"), PLANTED)
+
+
+def test_planted_bugs_in_two_cells_lose_the_points_that_name_them(tmp_path):
+    """A mistake harmless alone, planted with one that it makes visible, is named in the test that fails."""
+    solution = solution_code(STEP)
+    bugs = {}
+    for bug, (cells, test, says) in PLANTED_TOGETHER.items():
+        for cell, (old, new) in cells.items():
+            assert old in solution[cell], f"{bug}: the solution no longer holds {old!r}: update the planted bug"
+            bugs.setdefault(bug, {})[cell] = solution[cell].replace(old, new)
+    got = planted_verdicts(tmp_path, STEP, ("setup", "builder"), bugs,
+                           tests={bug: [p[1]] for bug, p in PLANTED_TOGETHER.items()})
+    for bug, (cells, test, says) in PLANTED_TOGETHER.items():
+        v = got[bug][test]
+        assert v["points"] == 0, f"{bug}: {test} still scored {v['points']}"
+        assert says in v["message"], f"{bug}: {test}'s message does not name it:\n{v['message']}"
 
 
 # ----------------------------------------------------------------------------- the check's diagnoses
@@ -128,6 +199,22 @@ def test_check_accepts_the_reference_and_the_block_mask_rules():
     assert cls.shape == (1, 4, 4, 6) and {0, 1, 2} <= set(cls.unique().tolist())
     # a full tile never reaches past Skv (333 is no multiple of 64): the last key tile is at most partial
     assert int(cls[..., -1].max()) <= 1
+
+
+@pytest.mark.parametrize("relabel, says", [
+    (lambda c: torch.where(c == 0, 1, c), "empty tiles listed as partial"),
+    (lambda c: torch.where(c == 0, 2, c), "an empty tile is listed as full"),
+    (lambda c: torch.where(c > 0, 1, c), "full tiles classified partial"),
+], ids=["empty_as_partial", "empty_as_full", "full_as_partial"])
+def test_block_mask_check_names_the_wrong_class(relabel, says):
+    """A builder whose classes are the right ones relabelled: the check names what it relabelled."""
+    cfg, mask, _ = V.VARIANT_CASES["window_beyond"].build("cpu")      # empty, partial and full tiles
+
+    def builder(_mask, B, H, Sq, Skv, bm, bn, device):
+        return V.lists_of(relabel(V.tile_classes(mask, B, H, Sq, Skv, bm, bn, device)), bm, bn, Sq, Skv)
+    with pytest.raises(AttentionCheckError) as err:
+        V.check_block_mask(builder, "window_beyond", device="cpu", verbose=False)
+    assert says in str(err.value), str(err.value)
 
 
 def test_scan_flags_pytorchs_flex_attention_but_not_the_entry_point():

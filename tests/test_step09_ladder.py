@@ -10,7 +10,8 @@ cases per rung, so that together they cover every case and every code path, in f
 * v2 and v4 also as if on an H100 (common.sm_count patched to 132 SMs), so that sequences are cut
   into several splits and the merge runs; v4 also with its default 4 pretend SMs (one split: the
   DIRECT path, no merge) and with BLOCK_N = 32 (a tile inside one page of 64) besides the
-  interpreter's 128 (tiles of several pages of 16 or 64; the per-key gather for pages of 48).
+  interpreter's 128 (tiles of several pages of 16 or 64; the per-key gather for pages of 48);
+* v1, v2 and v4 also on test_spec's third check (8 new tokens, seq_lens int64).
 
 The check can fail: v4 with its merge replaced by one that averages the splits' outputs without the
 2^(lse_s - M) rescaling must be caught. v3 must be the exercise's own code, loaded from the .pct.py.
@@ -26,15 +27,20 @@ LADDER = ROOT / "solutions" / "09_decode_paged_kv" / "ladder"
 TWIN = ROOT / "solutions" / "09_decode_paged_kv" / "09_decode_paged_kv.pct.py"
 RUNGS = ["v1_one_program_per_head", "v2_split_kv", "v3_gqa_packed", "v4_tuned"]
 
-# rung: [(case, dtype, pretend SM count or None for the interpreter's default, v4's BLOCK_N or None)]
+#: test_spec's third check: Sq = 8 new tokens, seq_lens int64
+SPEC8 = {"Sq": 8, "lens_dtype": "int64"}
+# rung: [(case, dtype, pretend SM count or None for the interpreter's default, v4's BLOCK_N or None[, the
+# check's other arguments])]
 CHECKS = {
     "v1_one_program_per_head": [("page48", "float32", None, None), ("spec", "float32", None, None),
-                                ("mqa", "float16", None, None)],
-    "v2_split_kv": [("page48", "float32", 132, None), ("spec", "float32", None, None)],
+                                ("mqa", "float16", None, None), ("spec", "float32", None, None, SPEC8)],
+    "v2_split_kv": [("page48", "float32", 132, None), ("spec", "float32", None, None),
+                    ("spec", "float32", 132, None, SPEC8)],
     "v3_gqa_packed": [("mixed", "float16", None, None)],
     "v4_tuned": [("mixed", "float16", 132, None), ("spec", "float32", 132, None), ("page48", "float32", 132, None),
                  ("page64", "float32", 132, 32), ("mixed", "float32", None, None), ("prefix", "float32", None, None),
-                 ("mqa", "float32", None, None), ("d64", "float32", None, None)],
+                 ("mqa", "float32", None, None), ("d64", "float32", None, None), ("spec", "float32", 132, None, SPEC8),
+                 ("spec", "float16", None, None, SPEC8)],
 }
 
 SCRIPT = f"""
@@ -47,17 +53,17 @@ SCRIPT = f"""
     default_config = dict(v4.INTERPRET_CONFIG)
 
     for name, checks in {CHECKS!r}.items():
-        for case, dtype, sms, block_n in checks:
+        for case, dtype, sms, block_n, *more in checks:
             common.sm_count = default_sm_count if sms is None else (lambda device, n=sms: n)
             v4.INTERPRET_CONFIG = default_config if block_n is None else {{"BLOCK_N": block_n}}
             t0 = time.time()
             try:
                 check_paged_decode(rungs[name].paged_decode, case, seed=5, device="cpu",
-                                   dtype=getattr(torch, dtype), verbose=False)
+                                   dtype=getattr(torch, dtype), verbose=False, **(more[0] if more else {{}}))
                 err = None
             except Exception:
                 err = traceback.format_exc()[-2000:]
-            report(kind="check", rung=name, case=case, dtype=dtype, sms=sms, block_n=block_n, error=err,
+            report(kind="check", rung=name, case=case, dtype=dtype, sms=sms, block_n=block_n, more=more, error=err,
                    seconds=round(time.time() - t0, 2))
     common.sm_count, v4.INTERPRET_CONFIG = default_sm_count, default_config
 
@@ -98,7 +104,8 @@ def test_rung_passes_the_check_in_interpreter(results, rung):
     done = [r for r in results if r["kind"] == "check" and r["rung"] == rung]
     assert len(done) == len(CHECKS[rung]), done
     failed = [r for r in done if r["error"]]
-    assert not failed, "\n\n".join(f"{r['case']} {r['dtype']} sms={r['sms']}:\n{r['error']}" for r in failed)
+    assert not failed, "\n\n".join(f"{r['case']} {r['dtype']} sms={r['sms']} {r['more']}:\n{r['error']}"
+                                     for r in failed)
 
 
 def test_the_checks_cover_every_cpu_case():
@@ -106,6 +113,8 @@ def test_the_checks_cover_every_cpu_case():
     covered = {case for checks in CHECKS.values() for case, *_ in checks}
     assert covered == set(CPU_DECODE_CASES)
     assert {case for case, *_ in CHECKS["v4_tuned"]} == set(CPU_DECODE_CASES)    # the fast rung: every case
+    # and test_spec's Sq = 8 check (int64 seq_lens) on every rung with a kernel of its own
+    assert all(any(c[4:] == (SPEC8,) for c in CHECKS[r]) for r in RUNGS if r != "v3_gqa_packed")
 
 
 def test_v3_is_the_exercise_solution(results):

@@ -31,10 +31,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # **The contract.** `q` is `[B, Hq, Sq, D]` (any strides with `stride(-1) == 1`; `Sq` from 1 to 8);
 # `k_cache` and `v_cache` are `[num_pages, page_size, Hkv, D]`; token `t` of sequence `b` is row
 # `t % page_size` of page `block_table[b, t // page_size]` (`block_table` is `[B, max_pages]`,
-# int32); `seq_lens[b]` counts the tokens of sequence `b`, the `Sq` new ones included, and may be 0.
-# Query head `h` reads KV head `h // (Hq // Hkv)`. Causal is bottom-right per sequence: query `i`
-# sees keys `j <= i + seq_lens[b] - Sq`. A row that sees no key (an empty sequence) gives `o = 0`
-# and `lse = -inf`, never NaN. `o` has `q`'s dtype, `lse` is float32 `[B, Hq, Sq]` (natural log).
+# int32); `seq_lens[b]` (`seq_lens` int32 or int64) counts the tokens of sequence `b`, the `Sq` new
+# ones included, and may be 0. Query head `h` reads KV head `h // (Hq // Hkv)`. Causal is
+# bottom-right per sequence: query `i` sees keys `j <= i + seq_lens[b] - Sq`. A row that sees no key
+# (an empty sequence) gives `o = 0` and `lse = -inf`, never NaN. `o` has `q`'s dtype, `lse` is
+# float32 `[B, Hq, Sq]` (natural log).
 # `page_size` is any positive number (the tests use 16, 64 and 48). Entries of `block_table` past
 # a sequence's last page are padding: never follow them. Pages may be shared between sequences
 # (a common prompt prefix) and come in any order.
@@ -55,16 +56,17 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 #
 # **What is graded** (15 points): the visible `mixed` case (lengths 0 to 32k in one batch on a GPU,
 # page size 16); hidden: page size 64, a page size that is no power of two (48), pages shared by a
-# common prefix, MQA, `Sq = 4` with bottom-right causal, D = 64, bf16 (GPU), and bad inputs (a
-# block table too short for `seq_lens`, page ids out of range, an int64 block table: each must raise
-# `AttentionInputError`, which `validate_paged_inputs` does for you). Every result by the course's
-# rule, sequence by sequence: no worse than twice PyTorch's own error in the same dtype, relative
-# error below 1%. Speed (4 points, GPU only): your decode's time on two long batches (64 sequences
-# of 8k tokens with pages of 16; 16 of 32k with pages of 64; GQA 32/8, D = 128, fp16) against SDPA
-# on the same keys and values stored contiguously (its fastest backend on the grading GPU), half the points at a `min`
-# fraction of its speed, all at a `target` (the instructor's thresholds file sets both). While
-# graded your functions may not call PyTorch's attention or its matrix products. Without a GPU the
-# kernels run in Triton's interpreter on small sizes (float32), and the speed cells score 0.
+# common prefix, MQA, `Sq = 4` and `Sq = 8` with bottom-right causal (int64 `seq_lens` with 8),
+# D = 64, bf16 (GPU), and bad inputs (a block table too short for `seq_lens`, page ids out of range,
+# an int64 block table: each must raise `AttentionInputError`, which `validate_paged_inputs` does
+# for you). Every result by the course's rule, sequence by sequence: no worse than twice PyTorch's
+# own error in the same dtype, relative error below 1%. Speed (4 points, GPU only): your decode's
+# time on two long batches (64 sequences of 8k tokens with pages of 16; 16 of 32k with pages of 64;
+# GQA 32/8, D = 128, fp16) against SDPA on the same keys and values stored contiguously (its fastest
+# backend on the grading GPU), half the points at a `min` fraction of its speed, all at a `target`
+# (the instructor's thresholds file sets both). While graded your functions may not call PyTorch's
+# attention or its matrix products. Without a GPU the kernels run in Triton's interpreter on small
+# sizes (float32), and the speed cells score 0.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task_split", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Your task, part 1: the split kernel
@@ -233,7 +235,9 @@ judge("test_mixed", paged_decode)
 # The cells below run with inputs you do not see. Try the same names yourself, for instance
 # `check_paged_decode(paged_decode, "page48")`: the cases are `mixed`, `page64`, `page48`, `prefix`,
 # `mqa`, `spec` and `d64`; `check_paged_decode(paged_decode, "page64", logit_scale=64)` puts the logits
-# in the hundreds, where a merge of partial results that does not subtract the max overflows.
+# in the hundreds, where a merge of partial results that does not subtract the max overflows, and
+# `check_paged_decode(paged_decode, "spec", Sq=8, lens_dtype=torch.int64)` draws 8 new tokens per
+# sequence with int64 `seq_lens`.
 
 # %% nbgrader={"grade": true, "grade_id": "test_page64", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 # hidden test: pages of 64 tokens, also with logits in the hundreds (the split-KV merge)
@@ -265,7 +269,7 @@ judge("test_mqa", paged_decode)
 
 # %% nbgrader={"grade": true, "grade_id": "test_spec", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 check_paged_decode(paged_decode, "spec")    # Sq = 4 new tokens per sequence, bottom-right causal
-# hidden test: lengths 0 to 4096
+# hidden test: lengths 8 to 4096, also with Sq = 8 new tokens and int64 seq_lens
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_spec", paged_decode)

@@ -16,7 +16,10 @@ The entry point is ``paged_decode(q, k_cache, v_cache, block_table, seq_lens, sc
 The check applies the course's correctness rule (``facourse.rule``) to each sequence. The inputs
 are built to expose the classic faults: pages are shuffled and some are shared between sequences
 (a prefix), the rows of a last page past ``seq_len``, the pages no sequence owns and the padding
-entries of the block table all hold NaN, so a load that is not masked shows as NaN.
+entries of the block table all hold NaN, so a load that is not masked shows as NaN. The graded cases
+draw every promise above, each in one test: the empty sequence (the only rows that see no key) is
+``mixed``'s, Sq > 1 is ``spec``'s (4 new tokens, and 8 with int64 ``seq_lens``: ``check_paged_decode``'s
+``Sq`` and ``lens_dtype``), so that one mistake costs one test.
 
 The bench times a paged decode against SDPA on the same K/V stored contiguously, and reports the
 rate at which K and V are read (GB/s): decode is bound by memory, not by FLOPs.
@@ -53,6 +56,7 @@ class DecodeCase:
     shared_prefix: int = 0       # tokens at the start of sequences 1, 2, ... stored in sequence 0's pages
     graded_perf: bool = False
     logit_scale: float = 1.0     # > 1: q is multiplied by it, logits in the hundreds overflow an unsafe exp
+    lens_dtype: str = "int32"    # seq_lens' dtype: the contract takes int32 or int64
 
     @property
     def B(self) -> int:
@@ -72,6 +76,7 @@ class DecodeCase:
         lens = str(lens).replace(" ", "") if isinstance(lens, tuple) else lens
         extra = f", shared prefix {self.shared_prefix}" if self.shared_prefix else ""
         extra += f", logits x{self.logit_scale:g}" if self.logit_scale != 1.0 else ""
+        extra += f", seq_lens {self.lens_dtype}" if self.lens_dtype != "int32" else ""
         return (f"{self.name} (seq_lens {lens}, Hq={self.Hq}, Hkv={self.Hkv}, Sq={self.Sq}, D={self.D}, "
                 f"page {self.page_size}{extra})")
 
@@ -84,8 +89,10 @@ def _cases(lens: dict, Hq: int, Hkv: int, D: int, prefix: int) -> dict[str, Deco
         "page48": DecodeCase("page48", lens["page48"], Hq, Hkv, D, 1, 48),     # no power of two
         "prefix": DecodeCase("prefix", lens["prefix"], Hq, Hkv, D, 1, 16, shared_prefix=prefix),
         "mqa": DecodeCase("mqa", lens["page64"], Hq, 1, D, 1, 64),
-        "spec": DecodeCase("spec", lens["spec"], Hq, Hkv, D, 4, 16),           # 4 query tokens, causal
-        "d64": DecodeCase("d64", lens["page48"], Hq, Hkv, 64, 4, 16),
+        # 4 query tokens, causal (test_spec also draws it with 8 and int64 seq_lens); every length >= 8, so
+        # that no row of it sees no key: those rows are mixed's alone (one mistake, one test)
+        "spec": DecodeCase("spec", lens["spec"], Hq, Hkv, D, 4, 16),
+        "d64": DecodeCase("d64", lens["page48"], Hq, Hkv, 64, 1, 16),       # Sq = 1: Sq > 1 is spec's alone
     }
     return c
 
@@ -95,14 +102,14 @@ DECODE_CASES = _cases({"mixed": (0, 1, 15, 16, 17, 1000, 4097, 32768),
                        "page64": (5, 64, 65, 2000, 8191, 300),
                        "page48": (47, 48, 49, 3000),
                        "prefix": (2000, 2100, 1500, 1024),
-                       "spec": (0, 1, 3, 4, 5, 1000, 4096)}, 32, 8, 128, prefix=1024)
+                       "spec": (8, 9, 17, 33, 1000, 4096)}, 32, 8, 128, prefix=1024)
 
 #: On a CPU (Triton's interpreter): the same character at sizes it gets through in seconds.
 CPU_DECODE_CASES = _cases({"mixed": (0, 1, 15, 16, 17, 100, 333, 700),
                            "page64": (5, 64, 65, 300),
                            "page48": (47, 48, 49, 200),
                            "prefix": (200, 230, 150, 128),
-                           "spec": (0, 1, 3, 4, 5, 130)}, 8, 2, 128, prefix=128)
+                           "spec": (8, 9, 17, 33, 130)}, 8, 2, 128, prefix=128)
 
 
 def _perf_cases() -> dict[str, DecodeCase]:
@@ -210,8 +217,8 @@ def make_paged_inputs(case: str | DecodeCase = "mixed", seed: int = 0, device=No
     v_cache[~owned] = float("nan")
     q = (torch.randn(B, case.Sq, case.Hq, case.D, generator=g) * case.logit_scale).to(device=device, dtype=dtype)
     q = q.transpose(1, 2)
-    return PagedInputs(q, k_cache.to(dtype), v_cache.to(dtype),
-                       table.to(device), torch.tensor(case.seq_lens, dtype=torch.int32, device=device))
+    return PagedInputs(q, k_cache.to(dtype), v_cache.to(dtype), table.to(device),
+                       torch.tensor(case.seq_lens, dtype=getattr(torch, case.lens_dtype), device=device))
 
 
 def gather_kv(k_cache, v_cache, block_table, seq_lens, b: int):
@@ -391,10 +398,18 @@ def _mistakes(inp: PagedInputs, scale, ref_dtype) -> list[Mistake]:
     Hkv, ps = kc.shape[2], kc.shape[1]
 
     def paged(**kw):
-        s = kw.pop("scale", scale)
-        return lambda: {"o": paged_reference(q, kc, vc, table, lens, s, dtype=ref_dtype, **kw)[0]}
+        s, read_q = kw.pop("scale", scale), kw.pop("q", lambda: q)
+        return lambda: {"o": paged_reference(read_q(), kc, vc, table, lens, s, dtype=ref_dtype, **kw)[0]}
 
     out = []
+    if lens.dtype == torch.int64:
+        # an int32 pointer over int64 lengths: word b is the low half of length b // 2 (b even) or a high half, 0
+        out.append(Mistake(
+            "seq_lens is int64 here and was read as int32: sequence b got the b-th 32-bit word of its storage "
+            "(the length of sequence b // 2, or 0), not its own length. The contract takes int32 or int64 "
+            "seq_lens: load them through a pointer of their own dtype (pass the tensor itself, never "
+            "seq_lens.view(torch.int32)), or convert them with seq_lens.to(torch.int32)",
+            paged(lens=lens.view(torch.int32)[:B])))
     partial = (lens % ps != 0) & (lens > 0)
     if bool(partial.any()):
         whole = -(-lens // ps) * ps
@@ -425,6 +440,29 @@ def _mistakes(inp: PagedInputs, scale, ref_dtype) -> list[Mistake]:
                            paged(align="top_left")))
     out.append(Mistake("the scores are not scaled: S = scale * q k^T with scale = 1/sqrt(D) by default",
                        paged(scale=1.0)))
+    out += _q_stride_mistakes(q, paged)
+    return out
+
+
+def _q_stride_mistakes(q, paged) -> list[Mistake]:
+    """q read through strides it does not have: as a contiguous ``[B, Hq, Sq, D]`` tensor, or with D as the
+    token stride (``q.stride(2)`` ignored). Neither differs from q's own with Sq = 1 or a contiguous q."""
+    B, Hq, Sq, D = q.shape
+    has = tuple(q.stride())
+    fix = (f"q.stride() is {has} here: q may be any view with stride(-1) == 1. Pass q.stride(0), q.stride(1), "
+           "q.stride(2) to the kernel and read q[b, h, i] at b * stride(0) + h * stride(1) + i * stride(2)")
+    ways = {(Hq * Sq * D, Sq * D, D, 1): "as if it were a contiguous [B, Hq, Sq, D] tensor",
+            (has[0], has[1], D, 1): "with D as the stride between its tokens (q.stride(2) ignored)"}
+    out = []
+    for strides, how in ways.items():
+        if Sq == 1 or strides[:3] == has[:3]:
+            continue
+
+        def read(strides=strides):
+            return torch.as_strided(q, q.shape, strides, q.storage_offset())  # raises past q's storage
+
+        out.append(Mistake(f"q is read with the wrong strides, {how}: q[b, h, i] is read from another head's or "
+                           f"token's row. {fix}", paged(q=read)))
     return out
 
 
@@ -446,13 +484,31 @@ EMPTY_CAUSE = ("these rows see no key (an empty sequence, or fewer tokens than S
 
 def _by_length(bad: torch.Tensor, L: list) -> str | None:
     """A merge fault shows only past one split: every short sequence right and every longer one wrong."""
-    ok = [L[b] for b in range(len(L)) if not bool(bad[b].any()) and L[b] > 0]
+    # a sequence of one token proves nothing: its rows see one key, o = that key's v whatever q and the scores
+    ok = [L[b] for b in range(len(L)) if not bool(bad[b].any()) and L[b] > 1]
     wrong = [L[b] for b in range(len(L)) if bool(bad[b].any())]
     if ok and wrong and min(wrong) > max(ok):
         return (f"sequences up to {max(ok)} tokens are right and longer ones wrong: the part that only long "
                 "sequences use is at fault, most likely the merge of the splits (each partial O must be rescaled "
                 "by exp(m_split - m) before the sum, and divided by the merged l) or the loop over a split's pages")
     return None
+
+
+def _same_rows(bad: torch.Tensor, L: list, G: int) -> str | None:
+    """Some (head, token) rows wrong in every non-empty sequence, the same ones whatever its length: rows
+    the kernel never computes (or addresses wrongly), not keys it reads wrongly."""
+    seqs = [b for b in range(len(L)) if L[b] > 0]
+    if len(seqs) < 2:
+        return None
+    first = bad[seqs[0]]
+    if not bool(first.any()) or bool(first.all()) or any(not torch.equal(bad[b], first) for b in seqs[1:]):
+        return None
+    Sq = bad.shape[-1]
+    return (f"the same query rows are wrong in every sequence, whatever its length: rows that are never computed "
+            f"or are addressed wrongly, not keys read wrongly. A KV head's program must cover its G * Sq = {G * Sq} "
+            f"rows (G = {G} query heads x Sq = {Sq} tokens; ROWS a power of two >= G * Sq, rows past G * Sq "
+            "masked; the exercise's row r is head kvh * G + r // Sq, token r % Sq), and q and o be read and "
+            "written through their strides")
 
 
 def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "custom",
@@ -495,7 +551,8 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
         # with a margin: an unsafe merge overflows in w_s * O_s a little before exp(lse) itself does
         only_large = not bool((nonfinite & ~(ref_lse.to(nonfinite.device) > EXP_LIMIT - 8.0)).any())
         cause = (found.cause if found else EMPTY_CAUSE if only_empty
-                 else OVERFLOW_CAUSE.format(top=float(ref_lse.max()), limit=EXP_LIMIT) if only_large else NAN_CAUSE)
+                 else OVERFLOW_CAUSE.format(top=float(ref_lse.max()), limit=EXP_LIMIT) if only_large
+                 else _same_rows(nonfinite, L, Hq // kc.shape[2]) or NAN_CAUSE)
         raise AttentionCheckError(f"{tag} o has NaN or inf at {_where(nonfinite, L)}.\n  likely cause: {cause}")
     not_empty = torch.stack([c.not_empty_rows for c in cmps])
     if not_empty.any():
@@ -503,10 +560,10 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
                 "sequence of seq_len L sees keys j <= i + L - Sq, so rows i < Sq - L see none") if Sq > 1 else ""
         raise AttentionCheckError(f"{tag} rows that see no key must be exactly 0 (lse -inf), at "
                                   f"{_where(not_empty, L)}.{hint}" + (f"\n  likely cause: {found.cause}" if found else ""))
-    cause = (found.cause if found else _by_length(bad, L)
+    cause = (found.cause if found else _by_length(bad, L) or _same_rows(bad, L, Hq // kc.shape[2])
              or "compare one wrong sequence with facourse.decode.paged_reference: check the page lookup "
-                "(block_table[b, t // page_size], row t % page_size), the GQA head mapping, the scale and the "
-                "merge of the splits")
+                "(block_table[b, t // page_size], row t % page_size), the GQA head mapping, q's strides (q may be "
+                "any view: read q[b, h, i] through q.stride()), the scale and the merge of the splits")
     raise AttentionCheckError(f"{tag} o is off by up to {worst:.3g} (allowed {float(allowed.max()):.3g}: twice "
                               f"PyTorch's own error in each sequence, plus {ABS_SLACK:g}; relative "
                               f"{worst / top:.3g}, must be < {rel_limit:g}) at {_where(bad, L)}.\n"
@@ -514,15 +571,27 @@ def check_paged_result(o, lse, inp: PagedInputs, scale=None, *, config: str = "c
 
 
 def check_paged_decode(fn, case: str | DecodeCase = "mixed", *, seed: int | None = None, device=None,
-                       dtype=None, scale=None, logit_scale: float = 1.0, verbose: bool = True) -> None:
+                       dtype=None, scale=None, logit_scale: float = 1.0, Sq: int | None = None,
+                       lens_dtype: str | torch.dtype | None = None, verbose: bool = True) -> None:
     """Draw the inputs of ``case``, call ``fn(q, k_cache, v_cache, block_table, seq_lens[, scale=])`` and
     check ``(o, lse)`` with the course's rule. Raises :class:`AttentionCheckError` on failure (also when
     ``fn`` changes an input); prints one line on success and returns nothing. ``logit_scale`` > 1
-    multiplies q: logits in the hundreds, which overflow a merge of splits that does not subtract the max."""
+    multiplies q: logits in the hundreds, which overflow a merge of splits that does not subtract the max.
+    ``Sq`` (new tokens per sequence, 1 to 8) and ``lens_dtype`` (``seq_lens``' dtype, int32 or int64)
+    replace the case's."""
     device = resolve_device(device)
     c = get_decode_case(case, device)
     if logit_scale != 1.0:
         c = replace(c, logit_scale=float(logit_scale))
+    if Sq is not None:
+        if not 1 <= int(Sq) <= 8:
+            raise ValueError(f"Sq={Sq}: the contract's Sq is 1 to 8 new tokens")
+        c = replace(c, Sq=int(Sq))
+    if lens_dtype is not None:
+        name = str(lens_dtype).replace("torch.", "")
+        if name not in ("int32", "int64"):
+            raise ValueError(f"lens_dtype={lens_dtype}: seq_lens are int32 or int64")
+        c = replace(c, lens_dtype=name)
     seed = draw_seed(seed)
     inp = make_paged_inputs(c, seed, device, dtype)
     tag = f"[{c.name}]"

@@ -21,6 +21,7 @@ the course's bottom-right alignment: with ``delta = Skv - Sq`` query ``i`` sits 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple
@@ -381,16 +382,22 @@ def make_variant_inputs(case: VariantCase, seed, device, dtype=None):
     return cfg, mask, score, q, k, v
 
 
-def _mistakes(case: VariantCase, cfg: AttnConfig, mask, score, q, k, v, scale) -> list[Mistake]:
+def _mistakes(case: VariantCase, cfg: AttnConfig, mask, score, q, k, v, scale, block_mask: BlockMask | None = None,
+              right: torch.Tensor | None = None) -> list[Mistake]:
     """The classic mistakes of this case, each with the output it gives (a reference, computed only when
-    the diagnosis gets to it), to name the one a wrong result matches."""
+    the diagnosis gets to it), to name the one a wrong result matches. With ``block_mask`` the kernel
+    was given those lists: a mistake computes the pairs they let through; ``right`` is the right o."""
     B, Hq, Sq, Skv = cfg.B, cfg.Hq, cfg.Sq, cfg.Skv
     out = []
 
     def add(cause, m=mask, sm=score, tiles=None, **kw):     # tiles: the block-sparse kernel's, at bm x bn
-        out.append(Mistake(cause, lambda: {"o": variant_reference(
-            q, k, v, m, sm, scale, **kw, **({} if tiles is None else {"visible": _listed(mask, B, Hq, Sq, Skv,
-                                                                                          *tiles, q.device)}))[0]}))
+        if block_mask is not None and tiles is not None:    # the tiles are the given lists' (_kernel_mistakes)
+            return
+        def visible():
+            if block_mask is not None:                      # the wrong mask (None: none) on the partial tiles
+                return {"visible": visible_pairs(block_mask, m, B, Hq, q.device)}
+            return {} if tiles is None else {"visible": _listed(mask, B, Hq, Sq, Skv, *tiles, q.device)}
+        out.append(Mistake(cause, lambda: {"o": variant_reference(q, k, v, m, sm, scale, **kw, **visible())[0]}))
     if case.mask == "window":
         for W, how in ((case.window + 1, "one key too many"), (case.window - 1, "one key too few")):
             if W >= 1:
@@ -436,17 +443,144 @@ def _mistakes(case: VariantCase, cfg: AttnConfig, mask, score, q, k, v, scale) -
         heads = torch.arange(Hq, device=k.device) % k.shape[1]
         out.append(Mistake("the query heads map to the wrong KV head: query head h reads KV head h // (Hq // Hkv) "
                            "(the heads of a group are consecutive), not h % Hkv", lambda: {"o": variant_reference(
-                               q, k[:, heads], v[:, heads], mask, score, scale)[0]}))
+                               q, k[:, heads], v[:, heads], mask, score, scale, visible=None if block_mask is None
+                               else visible_pairs(block_mask, mask, B, Hq, q.device))[0]}))
     if mask is not None:
-        add("the mask function is not applied", m=None)
+        add("the mask function is not applied" + ("" if block_mask is None else " on any tile: a partial tile is "
+            "treated as full; the partial tiles need the element mask, only the full ones may skip it"), m=None)
         for bm, bn in TILE_SIZES:
             add(f"a partial tile is treated as full (tiles of {bm} x {bn}): the tiles the mask cuts through need the "
                 "element mask, only the full ones may skip it", tiles=(bm, bn))
+    return out + _kernel_mistakes(mask, score, q, k, v, scale, block_mask, right)
+
+
+def _kernel_mistakes(mask, score, q, k, v, scale, block_mask: BlockMask | None, right=None) -> list[Mistake]:
+    """A block-sparse kernel's own mistakes, tile by tile: on the lists of ``block_mask`` when it was given
+    one, else on the mask's own at each of TILE_SIZES (the kernel builds its own). A mistake that changes
+    nothing on these inputs raises: the diagnosis skips it (a right result is never named a mistake)."""
+    B, Hq, Sq = q.shape[:3]
+    Skv, G = k.shape[2], Hq // k.shape[1]
+    dev = q.device
+    if block_mask is not None:
+        tilings = [(functools.cache(lambda: classes_of_lists(block_mask).to(dev)), block_mask.BLOCK_M,
+                    block_mask.BLOCK_N, f"the block mask of {block_mask.BLOCK_M} x {block_mask.BLOCK_N} it was given")]
+    else:
+        tilings = [(functools.cache(lambda bm=bm, bn=bn: tile_classes(mask, B, Hq, Sq, Skv, bm, bn, dev)), bm, bn,
+                    f"tiles of {bm} x {bn}") for bm, bn in TILE_SIZES]
+    mv = (lambda m: mask_values(m, B, Hq, Sq, Skv, dev))
+
+    def right_o():
+        if right is None:
+            return variant_reference(q, k, v, mask, score, scale, visible=None if block_mask is None else
+                                     visible_pairs(block_mask, mask, B, Hq, dev))[0]
+        return right
+
+    def pairs(cls, bm, bn):                  # a tile's class on each of its pairs, [B, Hq, Sq, Skv]
+        cls = cls.expand(B, Hq, *cls.shape[2:])
+        return cls.repeat_interleave(bm, 2).repeat_interleave(bn, 3)[..., :Sq, :Skv]
+
+    def kernel(c, mask_on=(1,), score_on=(1, 2), m=mask, sm=score):
+        """o of a kernel visiting the tiles of pair classes ``c``, its mask on the classes ``mask_on``,
+        its score modifier on ``score_on``."""
+        mval = mv(m)
+        vis = ((c == 1) & (mval if 1 in mask_on else True)) | ((c == 2) & (mval if 2 in mask_on else True))
+        if sm is not None and tuple(score_on) != (1, 2):
+            on = (c == score_on[0]) if len(score_on) == 1 else c > 0
+            sm = Mod(sm.name, None, (lambda f: lambda s_, b, h, i, j: torch.where(on, f(s_, b, h, i, j), s_))(sm.ref))
+        return variant_reference(q, k, v, None, sm, scale, visible=vis)[0]
+
+    def unless_right(o):
+        if torch.equal(o, right_o()):
+            raise ValueError("this mistake changes nothing here")
+        return {"o": o}
+
+    out = []
+    # the mods given the wrong head: h = 0, or the KV head (ALiBi's own message, above, comes first)
+    for wrong, who in ((lambda h: torch.zeros_like(h), "get head 0 for every query head (h = 0)"),
+                       (lambda h: h // G, "get the KV head h // (Hq // Hkv) instead of the query head h")):
+        def produce(wrong=wrong):
+            m2 = None if mask is None else Mod(mask.name, None, lambda b, h, i, j: mask.ref(b, wrong(h), i, j))
+            s2 = None if score is None else Mod(score.name, None,
+                                                lambda s_, b, h, i, j: score.ref(s_, b, wrong(h), i, j))
+            if block_mask is None:
+                return unless_right(variant_reference(q, k, v, m2, s2, scale)[0])
+            cls = classes_of_lists(block_mask).to(dev)
+            return unless_right(kernel(pairs(cls, block_mask.BLOCK_M, block_mask.BLOCK_N), m=m2, sm=s2))
+        out.append(Mistake(f"the mask and the score modifier {who}: call them with the program's query head "
+                           "h = bh % Hq (ALiBi's slope is the query head's)", produce))
+
+    for classes, bm, bn, tiles in tilings:
+        if score is not None:
+            def produce(classes=classes, bm=bm, bn=bn):
+                c = pairs(classes(), bm, bn)
+                if not bool((c == 2).any()):
+                    raise ValueError("no full tile")
+                return {"o": kernel(c, score_on=(1,))}
+            out.append(Mistake(f"the score modifier is applied on partial tiles only ({tiles}): a full tile skips "
+                               "the mask function, never the score modifier; call score_mod on every tile", produce))
+        if block_mask is not None:       # with the mask's own lists these are right, or "a partial tile ... as full"
+            out.append(Mistake(
+                f"the mask function is applied on the tiles listed as full too ({tiles}): harmless with the mask's "
+                "own lists, whose full tiles see every pair, but a kernel must follow the lists it is given: the "
+                "mask on the partial tiles only", lambda classes=classes, bm=bm, bn=bn: unless_right(
+                    kernel(pairs(classes(), bm, bn), mask_on=(1, 2)))))
+            out.append(Mistake(
+                f"the mask function is applied on the tiles listed as full and skipped on the partial ones ({tiles}): "
+                "the PARTIAL switch of the two loops is swapped", lambda classes=classes, bm=bm, bn=bn: unless_right(
+                    kernel(pairs(classes(), bm, bn), mask_on=(2,)))))
+        # the row of the lists a program reads, ((b % Bm) * Hm + h % Hm) * Tq + t, from the wrong batch or head
+        for rows, who in (((lambda b: b * 0, None), "ignores the batch: every batch reads batch 0's lists"),
+                          ((None, lambda h: h * 0), "ignores the head: every head reads head 0's lists"),
+                          ((None, lambda h: h // G), "takes the KV head: query head h reads the lists of head "
+                                                     "h // (Hq // Hkv)"),
+                          ((lambda b: b * 0, lambda h: h * 0), "ignores the batch and the head: every program "
+                                                               "reads the lists of batch 0, head 0")):
+            def produce(classes=classes, bm=bm, bn=bn, rows=rows):
+                cls = classes()
+                cls = cls.expand(B, Hq, *cls.shape[2:])
+                wrong = cls[rows[0](torch.arange(B, device=dev)) if rows[0] else slice(None)]
+                wrong = wrong[:, rows[1](torch.arange(Hq, device=dev))] if rows[1] else wrong
+                if torch.equal(wrong, cls):
+                    raise ValueError("the same lists")
+                return unless_right(kernel(pairs(wrong, bm, bn)))
+            out.append(Mistake(f"the row of the block mask {who} ({tiles}); query tile t of batch b and query head "
+                               "h reads row ((b % Bm) * Hm + h % Hm) * Tq + t", produce))
+
+    # no guard while a row's max is -inf: its first tile, all masked for it, gives exp(-inf - (-inf)) = NaN
+    orders = (("partial tiles first", lambda c: torch.where(c == 1, 0, 1)), ("in key order", lambda c: c * 0),
+              ("full tiles first", lambda c: torch.where(c == 2, 0, 1)))
+    for classes, bm, bn, tiles in tilings:
+        @functools.cache
+        def seen(classes=classes, bm=bm, bn=bn):      # bool [B, Hq, Sq, Tk]: the row sees a key of the tile
+            c = pairs(classes(), bm, bn)
+            vis = (c == 2) | ((c == 1) & mv(mask))
+            Tk = classes().shape[-1]
+            return torch.nn.functional.pad(vis, (0, Tk * bn - Skv)).reshape(B, Hq, Sq, Tk, bn).any(-1)
+        for empty_listed in ((False, True) if block_mask is None else (False,)):
+            for order, rank in orders:
+                def produce(classes=classes, bm=bm, seen=seen, rank=rank, empty_listed=empty_listed):
+                    cls = classes().expand(B, Hq, -1, -1)
+                    Tk = cls.shape[-1]
+                    if empty_listed:
+                        cls = torch.where(cls == 0, 1, cls)
+                    rows = cls.repeat_interleave(bm, 2)[:, :, :Sq]                  # [B, Hq, Sq, Tk]
+                    key = torch.where(rows > 0, rank(rows) * Tk + torch.arange(Tk, device=dev), 2 * Tk + 1)
+                    first = key.argmin(-1, keepdim=True)
+                    nan = (rows > 0).any(-1) & ~seen().gather(-1, first)[..., 0]
+                    if not bool(nan.any()):
+                        raise ValueError("no row meets a tile with all its keys masked first")
+                    return {"o": right_o().masked_fill(nan[..., None], math.nan)}
+                out.append(Mistake(
+                    f"a row met a tile where all its keys are masked before it saw any key ({tiles}, {order}"
+                    + (", and the block mask lists empty tiles as partial: the kernel visits tiles where no pair is "
+                       "visible" if empty_listed else "") + "): its max m is still -inf, and exp(s - m) = "
+                    "exp(-inf - (-inf)) is NaN; while m is -inf, subtract 0 instead", produce))
     return out
 
 
-#: The tile sizes a diagnosis tries (a student's kernel may use any of them).
-TILE_SIZES = ((128, 64), (64, 64), (128, 128), (64, 32), (32, 32), (16, 16))
+#: The tile sizes a diagnosis tries (a student's kernel may use any of them); the notebook's own 64 x 64 first,
+#: the likelier where two sizes explain a result.
+TILE_SIZES = ((64, 64), (128, 64), (128, 128), (64, 32), (32, 32), (16, 16))
 
 
 def _listed(mask, B, Hq, Sq, Skv, bm, bn, device) -> torch.Tensor:
@@ -472,17 +606,18 @@ def check_variant_result(o, lse, case: VariantCase, cfg, mask, score, q, k, v, s
     def own():                  # the same computation with the matmuls' inputs in the kernel's dtype
         return max_abs(variant_reference(q, k, v, mask, score, scale, visible=visible, dtype=q.dtype)[0].double() - ref)
     cmp = compare(o, ref, own, name="o", tag=tag, empty=empty[..., None])
-    found = None if cmp.ok else diagnose({"o": o}, {"o"}, [*mistakes, *_mistakes(case, cfg, mask, score, q, k, v, scale)],
-                                         cmp.allowed)
+    found = None if cmp.ok else diagnose({"o": o}, {"o"}, [*mistakes, *_mistakes(case, cfg, mask, score, q, k, v, scale,
+                                                                                  block_mask, ref)], cmp.allowed)
     if cmp.failure == "nonfinite":
-        cause = (found.cause if found else "these rows see no key: o must be 0 and lse -inf (guard l == 0 and "
-                 "exp(m_old - m_new) while m is -inf)" if not bool((cmp.nonfinite_rows & ~empty).any()) else
+        cause = ("these rows see no key: o must be 0 and lse -inf (guard l == 0 and exp(m_old - m_new) while m is "
+                 "-inf)" if not bool((cmp.nonfinite_rows & ~empty).any()) else found.cause if found else
                  "a masked logit became NaN or +inf: a score modifier applied to -inf, or a tile read past the end")
-        raise AttentionCheckError(f"{tag} o has NaN or inf at {describe_rows(cmp.nonfinite_rows)}.\n  likely cause: "
-                                  f"{cause}")
+        raise AttentionCheckError(f"{tag} o has NaN or inf at {describe_rows(cmp.nonfinite_rows)}\n  case: "
+                                  f"{case.describe(q.device)}\n  likely cause: {cause}")
     if cmp.failure == "not_empty":
         raise AttentionCheckError(f"{tag} rows that see no key must be exactly 0 (lse -inf); wrong at "
-                                  f"{describe_rows(cmp.not_empty_rows)}" + (f".\n  likely cause: {found.cause}" if found else ""))
+                                  f"{describe_rows(cmp.not_empty_rows)}\n  case: {case.describe(q.device)}"
+                                  + (f"\n  likely cause: {found.cause}" if found else ""))
     if cmp.failure == "values":
         raise cmp.error(found.cause if found else "compare with facourse.variants.variant_reference on the same "
                         "inputs: the order score_mod, then mask; the tile lists; the bottom-right offset Skv - Sq",
@@ -561,8 +696,14 @@ def check_block_mask(fn, case: str | VariantCase = "window", *, seed: int | None
                      if (2, 1) in kinds else
                      "a tile with visible pairs is left out (the kernel would never read its keys): check the "
                      "tiles that reach past Sq or Skv, and the indices the mask sees" if (0, 1) in kinds or (0, 2) in kinds
-                     else "full tiles classified partial (correct, but the mask is evaluated for nothing)"
-                     if (1, 2) in kinds else "evaluate the mask on every pair of the tile and count the visible ones")
+                     else "an empty tile is listed as full: the kernel would attend to pairs the mask hides (it skips "
+                     "the mask function on full tiles); a tile is full only when EVERY pair in it is visible"
+                     if (2, 0) in kinds else "; ".join(why for kind, why in (
+                         ((1, 2), "full tiles classified partial (correct, but the mask is evaluated for nothing)"),
+                         ((1, 0), "empty tiles listed as partial (correct, but the kernel loads and masks tiles where "
+                                  "no pair is visible): a tile with no visible pair is EMPTY, in neither list"))
+                                                   if kind in kinds) if kinds <= {(1, 2), (1, 0)}
+                     else "evaluate the mask on every pair of the tile and count the visible ones")
             raise AttentionCheckError(f"{tag} {int((said != want).sum())} tiles are misclassified, e.g. {what}.\n"
                                       f"  likely cause: {cause}")
     if verbose:
@@ -611,7 +752,7 @@ def check_tile_lists(fn, case: str | VariantCase = "window", *, seed: int | None
     if is_collecting():
         return
     ignored = Mistake("the result is that of the mask, not of the block mask it was given: the kernel computes tiles "
-                      "the lists leave out (or applies the mask on tiles listed as full). A block-sparse kernel "
+                      "the lists leave out. A block-sparse kernel "
                       "visits, for each query tile, exactly its partial_idx[:partial_num] and full_idx[:full_num] "
                       "key tiles, and applies the mask function on the partial ones only",
                       lambda: {"o": variant_reference(q, k, v, mask, score)[0]})
