@@ -135,6 +135,9 @@ def test_the_layout_of_lse_and_o_is_checked():
     ok = _planted(False)
     _says("packed", lambda *a, **k: (ok(*a, **k)[0], ok(*a, **k)[1].t().contiguous()), "[Hq, total_q]")
     _says("packed", lambda *a, **k: (ok(*a, **k)[0][:-1], ok(*a, **k)[1]), "shape")
+    # a wrong lse names its sequences with their lengths, as a wrong o does
+    msg = _says("packed", lambda *a, **k: (ok(*a, **k)[0], ok(*a, **k)[1] / 0.6931471805599453), "natural log")
+    assert "q_len/kv_len of each" in msg, msg
     # an input changed in place is reported, whatever the result
     def writes(q, k, v, *rest, **kw):
         out = ok(q, k, v, *rest, **kw)

@@ -484,11 +484,13 @@ def diagnose(outputs: Mapping[str, torch.Tensor], wrong: Iterable[str], mistakes
 
 
 # ----------------------------------------------------------------------------- lse and results
-def check_lse(lse, ref_lse, q, tag: str, labels=("batches", "heads", "query rows")) -> float:
+def check_lse(lse, ref_lse, q, tag: str, labels=("batches", "heads", "query rows"), where=None) -> float:
     """An lse of q's rows: float32 ``[B, Hq, Sq]``, -inf exactly where a row sees no key, close to the
-    natural-log reference (relative 2e-2 in fp16/bf16, 1e-4 otherwise). Returns the max error."""
+    natural-log reference (relative 2e-2 in fp16/bf16, 1e-4 otherwise). Returns the max error. ``where``
+    (a mask -> text) names wrong rows, by default ``describe_rows`` with ``labels``."""
     if is_collecting():
         return 0.0
+    where = where or (lambda rows: describe_rows(rows, labels))
     B, Hq, Sq = q.shape[:3]
     if not isinstance(lse, torch.Tensor):
         raise CheckError(f"{tag} lse must be a torch.Tensor, got {type(lse).__name__}")
@@ -502,7 +504,7 @@ def check_lse(lse, ref_lse, q, tag: str, labels=("batches", "heads", "query rows
     wrong_inf = torch.isneginf(lse64) != empty
     if wrong_inf.any() or torch.isnan(lse64).any() or torch.isposinf(lse64).any():
         bad = wrong_inf | torch.isnan(lse64) | torch.isposinf(lse64)
-        parts = [f"{what}: {describe_rows(rows, labels)}" for what, rows in (
+        parts = [f"{what}: {where(rows)}" for what, rows in (
             ("rows that see at least one key, where it must be finite", bad & ~empty),
             ("rows that see no key, where it must be -inf (l = 0)", bad & empty)) if bool(rows.any())]
         raise CheckError(
@@ -520,7 +522,7 @@ def check_lse(lse, ref_lse, q, tag: str, labels=("batches", "heads", "query rows
             in_log2 = (" It matches the reference divided by ln 2: lse must be a natural log; "
                        "convert from base 2 (multiply by ln 2)")
         raise CheckError(
-            f"{tag} lse is off by up to {worst:.3g} at {describe_rows(diff > tol, labels)}.\n  likely cause: "
+            f"{tag} lse is off by up to {worst:.3g} at {where(diff > tol)}.\n  likely cause: "
             f"lse_i = m_i + log(l_i) with m_i the scaled row max and l_i the row sum of exp(S - m_i).{in_log2}")
     return float(diff.max()) if diff.numel() else 0.0
 

@@ -604,7 +604,7 @@ def check_serving_result(o, lse, inp, causal: bool, scale=None, *, config: str =
         err = (o.detach().to(ref.dtype) - ref).abs().amax(-1).nan_to_num(0.0).t()      # [Hq, Tq]
         bad = bad | _padded([err[:, cu[b]:cu[b + 1]] >= rel_limit * top for b in range(B)], B, Hq, width)
     if not bad.any():
-        lse_err = _check_packed_lse(lse, ref_lse, inp, tag, q_lens, width)
+        lse_err = _check_packed_lse(lse, ref_lse, inp, tag, q_lens, k_lens, width)
         b = max(cmps, key=lambda b: cmps[b].max_err / cmps[b].allowed) if cmps else 0
         return {"max_abs_err": cmps[b].max_err if cmps else 0.0, "allowed": cmps[b].allowed if cmps else 0.0,
                 "seq": b, "lse_err": lse_err}
@@ -633,8 +633,9 @@ def check_serving_result(o, lse, inp, causal: bool, scale=None, *, config: str =
                               f"{rel_limit:g}) at {where['bad']}.\n  likely cause: {cause}")
 
 
-def _check_packed_lse(lse, ref_lse, inp, tag: str, q_lens: list, width: int) -> float:
-    """lse: float32 ``[Hq, total_q]``, judged by the rule's lse check sequence by sequence."""
+def _check_packed_lse(lse, ref_lse, inp, tag: str, q_lens: list, k_lens: list, width: int) -> float:
+    """lse: float32 ``[Hq, total_q]``, judged by the rule's lse check sequence by sequence (the wrong ones named
+    with their lengths)."""
     Tq, Hq, _ = inp.q.shape
     if not isinstance(lse, torch.Tensor):
         raise AttentionCheckError(f"{tag} lse must be a torch.Tensor, got {type(lse).__name__}")
@@ -652,7 +653,8 @@ def _check_packed_lse(lse, ref_lse, inp, tag: str, q_lens: list, width: int) -> 
         return out
 
     shape_of = torch.empty(B, Hq, max(width, 1), 0, dtype=inp.q.dtype)
-    return check_lse(pad(lse), pad(ref_lse.to(lse.device)), shape_of, tag, labels=LABELS)
+    return check_lse(pad(lse), pad(ref_lse.to(lse.device)), shape_of, tag,
+                     where=lambda rows: _where(rows, q_lens, k_lens))
 
 
 def _call(fn, inp, causal: bool, scale, tag: str, device):
