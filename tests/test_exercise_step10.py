@@ -77,7 +77,7 @@ PLANTED = {
     "no_empty_row_guard": ("kernel", 'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
                            "test_window_edges", "see no key"),
     # the sequence's bounds left to the mask: only a case with no mask on ragged lengths shows it
-    "keys_past_skv": ("kernel", "    keep = j < Skv\n", "    keep = j >= 0\n", "test_softcap", "softcap_ragged"),
+    "keys_past_skv": ("kernel", "    keep = j < Skv\n", "    keep = j >= 0\n", "test_softcap", "keys past Skv"),
     "tiles_past_the_end_full": ("classes_kernel",
                                 "visible = mask(b, h, i, j, Sq, Skv, INTS, FLOATS) & (i < Sq) & (j < Skv)",
                                 "visible = mask(b, h, i, j, Sq, Skv, INTS, FLOATS)", "test_block_mask",

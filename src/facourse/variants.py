@@ -451,6 +451,15 @@ def _mistakes(case: VariantCase, cfg: AttnConfig, mask, score, q, k, v, scale, b
         for bm, bn in TILE_SIZES:
             add(f"a partial tile is treated as full (tiles of {bm} x {bn}): the tiles the mask cuts through need the "
                 "element mask, only the full ones may skip it", tiles=(bm, bn))
+    if mask is None:                # keys past Skv loaded as zeros and kept: score_mod(0), in the softmax's sum
+        for bn in sorted({bn for _, bn in TILE_SIZES}, reverse=True):
+            if Skv % bn:
+                pad = (0, 0, 0, -Skv % bn)
+                out.append(Mistake(
+                    f"the keys past Skv = {Skv} are not masked (tiles of {bn} keys): the last tile's out-of-range "
+                    "keys load as zeros and count in the softmax with score score_mod(0). Keep j < Skv in every "
+                    "tile, with or without a mask function", lambda pad=pad: {"o": variant_reference(
+                        q, torch.nn.functional.pad(k, pad), torch.nn.functional.pad(v, pad), None, score, scale)[0]}))
     return out + _kernel_mistakes(mask, score, q, k, v, scale, block_mask, right)
 
 
