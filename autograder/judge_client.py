@@ -111,7 +111,8 @@ def _wrap(fn, spec: dict):
     if spec.get("ring") is not None:
         from facourse.ring import get_ring_case, on_ring
         kw = spec.get("kwargs", {})
-        fn = on_ring(fn, get_ring_case(kw["case"]).world, traffic=bool(kw.get("traffic")), **spec["ring"])
+        case = get_ring_case(kw["case"])
+        fn = on_ring(fn, case.world, traffic=bool(kw.get("traffic")), groups=case.groups, **spec["ring"])
     if spec.get("interchange"):
         fn = _interchange(fn, spec["interchange"], spec["seed"])
     if spec.get("guard") is not None:

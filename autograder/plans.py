@@ -305,7 +305,8 @@ def _step12() -> dict[str, Test]:
                              Check("ring", {"case": "w2_causal", "traffic": True, "logit_scale": 64.0}),
                              Check("ring", {"case": "w4_causal", "traffic": True, "scale": 0.05})), ring=ring),
         "test_ragged": t("w3_ragged", "w3_ragged_noncausal"),
-        "test_gqa_edges": t("w2_mqa", "w4_short"),
+        # the contract's edges: MQA, a chunk of 0 rows, and two rings at once over subgroups of a world of 4
+        "test_gqa_edges": t("w2_mqa", "w4_short", "w4_two_rings"),
         "test_bf16": t("w2_causal", dtype="bfloat16"),
     }
 

@@ -6,8 +6,9 @@ the ranks are forked from a real Jupyter kernel there); the untouched stub score
 with one planted mistake loses its test (the demo's samples). Each mistake of the issue, planted in
 the solution, loses the points of a test whose message names it: a merge without its weights, zigzag
 shards read as contiguous (or given the contiguous layout's skip rule by ranks), the last shard never
-used, ranks waiting on each other (a deadlock: the test fails at its time limit), and K/V gathered
-instead of passed point to point. The GPU tier (two GPUs, NCCL) is the ladder runner's.
+used, ranks waiting on each other (a deadlock: the test fails at its time limit), K/V gathered
+instead of passed point to point, and ``group`` ignored or its ranks passed as global ones (two rings at
+once in a world of 4). The GPU tier (two GPUs, NCCL) is the ladder runner's.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ STEP = "12_ring_attention"
 
 
 _WEIGHTED = "o = torch.exp(lse_a - safe)[..., None] * o_a + torch.exp(lse_b - safe)[..., None] * o_b"
-_PASS = ('''pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % P, group),
-                                              dist.P2POp(dist.irecv, incoming, (rank - 1) % P, group)])''')
+_PASS = ('''pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, peer((rank + 1) % P), group),
+                                              dist.P2POp(dist.irecv, incoming, peer((rank - 1) % P), group)])''')
+_RANK = "    rank, P = dist.get_rank(group), dist.get_world_size(group)\n"
 
 # (the cell, the solution's text, the mistake, the test that loses its points, what its message names)
 PLANTED = {
@@ -40,16 +42,22 @@ PLANTED = {
                                          "test_causal", "the contiguous layout's skip rule"),
     "last_shard_missing": ("ring", "for t in range(P):", "for t in range(P - 1):", "test_noncausal",
                            "arrives on the last step is never used"),
-    "ranks_wait_on_each_other": ("ring", _PASS, "dist.recv(incoming, (rank - 1) % P, group)\n"
-                                 "            dist.send(kv, (rank + 1) % P, group)\n            pending = []",
+    "ranks_wait_on_each_other": ("ring", _PASS, "dist.recv(incoming, peer((rank - 1) % P), group)\n"
+                                 "            dist.send(kv, peer((rank + 1) % P), group)\n            pending = []",
                                  "test_noncausal", "waiting on each other"),
     # the same unsafe merge inside the ring: logits in the hundreds make exp(lse) overflow
     "ring_merge_unsafe_exp": ("merge", _WEIGHTED, "w_a, w_b = torch.exp(lse_a)[..., None], torch.exp(lse_b)[..., None]\n"
                               "    o = (w_a * o_a + w_b * o_b) / (w_a + w_b)", "test_causal", "exp(lse) itself overflows"),
     # K and V also sent to the rank two places on (an all-gather made of sends, on four ranks)
-    "kv_sent_past_the_neighbours": ("ring", _PASS, _PASS[:-2] + "] + ([dist.P2POp(dist.isend, kv, (rank + 2) % P, group), "
-                                    "dist.P2POp(dist.irecv, torch.empty_like(incoming), (rank - 2) % P, group)] "
+    "kv_sent_past_the_neighbours": ("ring", _PASS, _PASS[:-2] + "] + ([dist.P2POp(dist.isend, kv, "
+                                    "peer((rank + 2) % P), group), dist.P2POp(dist.irecv, torch.empty_like(incoming), "
+                                    "peer((rank - 2) % P), group)] "
                                     "if P > 3 else []))", "test_noncausal", "not its neighbours"),
+    # the world's rank, size and group in place of `group`: w4_two_rings' two rings run as one ring of 4
+    "group_ignored": ("ring", _RANK, "    group = None\n" + _RANK, "test_gqa_edges", "`group` was ignored"),
+    # the group's ranks handed to P2POp as global ones: on w4_two_rings they name ranks of the other ring
+    "group_ranks_as_global_ranks": ("ring", _PASS, _PASS.replace("peer(", "("), "test_gqa_edges",
+                                    "take global ranks"),
     "kv_gathered": ("ring", "    dist.all_reduce(total, group=group)\n",
                     "    dist.all_reduce(total, group=group)\n"
                     "    dist.all_gather([torch.empty_like(k) for _ in range(P)], k, group=group)\n",

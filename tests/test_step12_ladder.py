@@ -5,11 +5,13 @@ and benchmarks/ladder.py's ring mode on the CPU (--cpu-smoke: spawn, group, timi
   also the traffic: K and V point to point) on the layout the manifest names: the solution on every
   case of RING_CASES in float32, and in float16 and bfloat16 on one case each; the other rungs on 4
   ranks causal (with a scale of 0.3), 3 ranks causal (ragged, uneven shards, an odd ring: v2's parity
-  order must still drain), 3 ranks non-causal (ragged), and MQA in bfloat16.
+  order must still drain), 3 ranks non-causal (ragged), MQA in bfloat16, and two rings at once over
+  subgroups of a world of 4; the solution also on one ring over part of the world (the others idle).
 * The solution and v1 with the GPU's block kernel (step 05's Triton solution, in the interpreter).
-* A deadlocked ring (v2 with every rank sending first) is stopped by its time limit (RingError), naming the
-  line where each rank waits; a slow one (ranks still using the CPU) runs on; a world that never formed its
-  group (rank 0 held in dist.init_process_group) starts once more.
+* A deadlocked ring (v2 with every rank sending first; alone, and as two rings over subgroups) is stopped by
+  its time limit (RingError), naming the line where each rank waits; a slow one (ranks still using the
+  CPU) runs on; a world that never formed its group (rank 0 held in dist.init_process_group) starts once
+  more.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ SOLUTION = M["ladder"]["solution"]
 OTHERS = [r["name"] for r in M["rungs"] if r["name"] != SOLUTION]
 ALLGATHER = "v1_allgather"                      # the one rung that gathers K/V instead of passing it on
 OTHER_CASES = [("w4_causal", "float32", 0.3), ("w3_ragged", "float32", None),
-               ("w3_ragged_noncausal", "float32", None), ("w2_mqa", "bfloat16", None)]
+               ("w3_ragged_noncausal", "float32", None), ("w2_mqa", "bfloat16", None),
+               ("w4_two_rings", "float32", None)]
 sys.path.insert(0, str(LADDER))                # the rungs import ring_common from their folder
 CHECKS = ([(SOLUTION, c, "float32", 0.3 if c == "w4_causal" else None) for c in RING_CASES]
           + [(SOLUTION, "w2_causal", "float16", None), (SOLUTION, "w3_ragged", "bfloat16", None)]
@@ -48,6 +51,18 @@ def test_rung_passes_check_ring(name, case, dtype, scale):
                scale=scale, traffic=name != ALLGATHER, verbose=False)
 
 
+def test_a_ring_over_part_of_the_world():
+    """One ring over ranks {1, 3} of a world of 4: ranks 0 and 2 take no part and return None at once,
+    and the ring's every operation ran on its group, between its two ranks."""
+    from dataclasses import replace
+
+    from facourse.ring import RingCase, get_ring_case
+    case = RingCase("w4_ring_13", replace(get_ring_case("w4_two_rings").cfg, B=1), 4, ((1, 3),))
+    run = check_ring(_rung(SOLUTION).ring_attention, case, traffic=True, verbose=False)
+    assert run.results[0] is None and run.results[2] is None and run.traffic[0] == run.traffic[2] == {}
+    assert run.outside_ops() == [0, 0, 0, 0] and run.off_ring_bytes() == [0, 0, 0, 0] and run.p2p_bytes()[1] > 0
+
+
 @pytest.mark.parametrize("name,case", [(SOLUTION, "w2_causal"), (ALLGATHER, "w3_ragged")])
 def test_rings_with_the_gpu_block_kernel(name, case, monkeypatch):
     """The block kernel a GPU rank uses (step 05's Triton solution, here in the interpreter) in the rings:
@@ -57,26 +72,29 @@ def test_rings_with_the_gpu_block_kernel(name, case, monkeypatch):
     check_ring(_rung(name).ring_attention, case, dtype=torch.float16, verbose=False)
 
 
-def test_blocking_ring_without_an_order_is_stopped(monkeypatch):
-    """v2 with every rank sending first: no rank reaches its receive; check_ring's limit stops it."""
+@pytest.mark.parametrize("case", ["w2_causal", "w4_two_rings"])
+def test_blocking_ring_without_an_order_is_stopped(monkeypatch, case):
+    """v2 with every rank sending first: no rank reaches its receive; check_ring's limit stops it (two
+    rings over subgroups too: every rank of the world named)."""
     import torch.distributed as dist
     v2 = _rung("v2_ring_blocking")
 
     def every_rank_sends_first(ring, k, v, rows):
         k_in, v_in = (t.new_empty(*t.shape[:2], rows, t.shape[3]) for t in (k, v))
-        dist.send(k, ring.next)
-        dist.send(v, ring.next)
-        dist.recv(k_in, ring.prev)
-        dist.recv(v_in, ring.prev)
+        dist.send(k, ring.next, group=ring.group)
+        dist.send(v, ring.next, group=ring.group)
+        dist.recv(k_in, ring.prev, group=ring.group)
+        dist.recv(v_in, ring.prev, group=ring.group)
         return k_in, v_in
 
     monkeypatch.setattr(v2, "pass_on", every_rank_sends_first)
     t0 = time.monotonic()
     with pytest.raises(RingError, match="had not returned after 3 s") as err:
-        check_ring(v2.ring_attention, "w2_causal", layout="contiguous", timeout=3, verbose=False)
+        check_ring(v2.ring_attention, case, layout="contiguous", timeout=3, verbose=False)
     assert time.monotonic() - t0 < 20
     line = every_rank_sends_first.__code__.co_firstlineno + 2       # its first dist.send
     assert f"where: rank 0 in send, from line {line} of every_rank_sends_first; rank 1 in send" in str(err.value)
+    assert all(f"rank {r} in send" in str(err.value) for r in range(RING_CASES[case].world))
 
 
 def _spinning(seconds, then=None):

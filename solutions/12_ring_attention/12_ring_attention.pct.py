@@ -24,6 +24,11 @@ from facourse.ring import (RING_CASES, block_attention, check_merge_partials, ch
 # `j` is visible to query `i` iff `j <= i`, in **global** positions. Return `o` (q's dtype, the rank's
 # rows) and `lse` (float32 `[B, Hq, S_r]`, natural log, `-inf` for a row that sees no key).
 #
+# **The group.** The ring runs over the ranks of `group` (`None`: the whole world), which may be a part
+# of the world while other rings run beside it: every collective and point-to-point call takes
+# `group=group`, and a point-to-point call names its peer by its **global** rank: rank `j` of the group
+# is `dist.get_global_rank(group, j)` (`j` itself when `group` is `None`).
+#
 # **The sharding rule** (the one the grader shards by; no padding). The sequence is cut as
 # `torch.tensor_split` cuts it: `n` chunks whose lengths differ by at most one, the first `S mod n` one
 # row longer (`chunk_bounds(S, n)` gives their `[start, end)`). Non-causal: `n = P`, rank `r` holds chunk
@@ -34,13 +39,14 @@ from facourse.ring import (RING_CASES, block_attention, check_merge_partials, ch
 # **What is graded** (11 points, all on a CPU: each test starts the ranks as processes of this
 # machine in a `gloo` group): the merge of two partial results (1); non-causal on 2 and 4 ranks, with a
 # scale (2); causal on 2 and 4 ranks, also with logits in the hundreds and with a scale (3); lengths that
-# do not divide, on 3 ranks (2); MQA, and a sequence of 7 rows on 4 ranks (a chunk of 0 rows) (2); bf16
-# (1). Results by the course's rule: no worse than twice PyTorch's own error in the same dtype (+1e-3),
-# relative error below 1%. Every ring test also checks that K and V went **point to point**: no rank may
-# move more than a few numbers through collectives (gathering K/V with `all_gather` is the lecture's
-# other design, not this one), each exchanges K/V with its two neighbours on the ring only (sends to
-# every rank are an all-gather too), and each must receive the other ranks' shards. A ring whose ranks
-# wait on each other fails its test after 30 s, and the notebook goes on.
+# do not divide, on 3 ranks (2); MQA, a sequence of 7 rows on 4 ranks (a chunk of 0 rows), and two rings
+# at once in a world of 4 ranks, each over a `group` of 2 (2); bf16 (1). Results by the course's rule:
+# no worse than twice PyTorch's own error in the same dtype (+1e-3), relative error below 1%. Every ring
+# test also checks that K and V went **point to point**: no rank may move more than a few numbers
+# through collectives (gathering K/V with `all_gather` is the lecture's other design, not this one), each
+# exchanges K/V with its two neighbours on the ring only (sends to every rank are an all-gather too),
+# every call runs on `group`, and each must receive the other ranks' shards. A ring whose ranks wait on
+# each other fails its test after 30 s, and the notebook goes on.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "task_merge", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Your task, part 1: merge two partial results
@@ -83,8 +89,9 @@ judge("test_merge", merge_partials)
 # 2. Keep the rank's queries; start with its own K/V. For `P` steps: at step `t` the rank holds the K/V
 #    shard of rank `(rank - t) mod P`. Before computing on it, post the pass to the next rank: send what
 #    you hold to `(rank + 1) mod P` and receive into a new buffer from `(rank - 1) mod P` (its length is
-#    known from the rule), with `dist.batch_isend_irecv([dist.P2POp(dist.isend, ...), dist.P2POp(dist.irecv,
-#    ...)])`; wait on the requests after computing (on a GPU the transfer then runs behind the compute).
+#    known from the rule; both peers as global ranks, see the group above), with
+#    `dist.batch_isend_irecv([dist.P2POp(dist.isend, ...), dist.P2POp(dist.irecv, ...)])`; wait on the
+#    requests after computing (on a GPU the transfer then runs behind the compute).
 #    Pass on every step but the last.
 # 3. Compute on the shard in hand, chunk pair by chunk pair. With tensor_split chunks, a key chunk before
 #    the query chunk is entirely visible (no mask), the same chunk is the causal diagonal (a square,
@@ -110,6 +117,9 @@ def ring_attention(q, k, v, causal=False, scale=None, group=None):
     n = 2 * P if causal else P
     bounds = chunk_bounds(int(total), n)
 
+    def peer(r):                        # point-to-point calls take global ranks: rank r of the group's
+        return r if group is None else dist.get_global_rank(group, r)
+
     def chunks(r):                      # [start, end) of rank r's chunks, in its local order
         return [bounds[c] for c in ((r, n - 1 - r) if causal else (r,))]
 
@@ -123,8 +133,8 @@ def ring_attention(q, k, v, causal=False, scale=None, group=None):
         if t < P - 1:
             rows = sum(e - s for s, e in chunks((src - 1) % P))
             incoming = kv.new_empty(2, B, k.shape[1], rows, D)
-            pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % P, group),
-                                              dist.P2POp(dist.irecv, incoming, (rank - 1) % P, group)])
+            pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, peer((rank + 1) % P), group),
+                                              dist.P2POp(dist.irecv, incoming, peer((rank - 1) % P), group)])
         q0 = 0
         for qs, qe in chunks(rank):
             k0 = 0
@@ -184,7 +194,8 @@ judge("test_ragged", ring_attention)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_gqa_edges", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# hidden test: one KV head (MQA) on 2 ranks, and 7 rows on 4 ranks (causal: 8 chunks, one of 0 rows)
+# hidden test: one KV head (MQA) on 2 ranks, 7 rows on 4 ranks (causal: 8 chunks, one of 0 rows), and two
+# rings of 2 ranks at once in a world of 4 (group = ranks {0, 2} or {1, 3})
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_gqa_edges", ring_attention)

@@ -14,6 +14,10 @@ The sharding rule (what rank r holds), the one the exercise states:
 * causal: zigzag, n = 2P chunks, rank r holds chunk r followed by chunk 2P - 1 - r, so that every
   rank has as many causal (query, key) pairs to compute as every other (the balance Llama 3's
   context parallelism and the ring-flash-attention project get the same way).
+* with ``group``, r and P are the rank in the group and the group's size: the ring runs over the
+  group's ranks only, and point-to-point calls name a peer by its global rank
+  (``dist.get_global_rank(group, r)``). A case with ``groups`` runs several disjoint rings at once in
+  one world, ring g on batch element g.
 
 What runs the ranks here: :func:`run_ring` forks one process per rank on this machine, joins them
 in a ``gloo`` group, gives each its shards, and gathers the outputs into the global order; a rank
@@ -122,6 +126,8 @@ _COLLECTIVES = ("allgather", "allgather_into_tensor_coalesced", "_allgather_base
                 "allreduce_coalesced", "broadcast", "alltoall", "alltoall_base", "gather", "scatter",
                 "reduce", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced")
 _P2P = ("send", "recv", "recv_anysource")
+#: Counted only as operations on a process group other than the rank's ring (they move no data).
+_OTHER_OPS = ("barrier", "monitored_barrier")
 
 
 def _nbytes(obj) -> int:
@@ -135,43 +141,67 @@ def _nbytes(obj) -> int:
 #: The traffic entry of point-to-point bytes exchanged with a rank that is no neighbour on the ring (nor any peer,
 #: for recv_anysource): an all-gather made of sends.
 OFF_RING = "off_ring"
+#: The traffic entry of operations (count, bytes) run on a process group whose ranks are not the rank's ring:
+#: the world's group where the ring was given a subgroup (``group`` ignored).
+OUTSIDE = "outside_group"
 
 
-def _count_traffic(traffic: dict, rank: int, world: int) -> None:
+def _count_traffic(traffic: dict, rank: int, ring: list[int]) -> None:
     """Count every operation of every process group of this (forked) process: its kind and the bytes
-    of the tensors it was given, and the point-to-point bytes exchanged with a rank other than the two
-    neighbours (``OFF_RING``). Patched on the class, so that however the rank's code reached
-    torch.distributed (``dist.isend``, ``batch_isend_irecv``, a function imported early), it counts."""
+    of the tensors it was given, the point-to-point bytes exchanged with a rank other than the two
+    neighbours on ``ring`` (``OFF_RING``; peers in global ranks), and the operations on a process group
+    whose ranks are not ``ring``'s (``OUTSIDE``). Patched on the class, so that however the rank's code
+    reached torch.distributed (``dist.isend``, ``batch_isend_irecv``, a function imported early), it counts."""
+    import torch.distributed as dist
     from torch._C._distributed_c10d import ProcessGroup
 
-    neighbours = {(rank + 1) % world, (rank - 1) % world}
+    i, P = ring.index(rank), len(ring)
+    neighbours = {ring[(i + 1) % P], ring[(i - 1) % P]}
+
+    def ranks_of(pg) -> list[int] | None:
+        try:
+            return dist.get_process_group_ranks(pg)
+        except Exception:                       # a group torch.distributed does not know
+            return None
 
     def counted(name, kind, method):
         def op(self, *args, **kwargs):
-            entry = traffic.setdefault(name, [0, 0])
-            entry[0] += 1
-            entry[1] += _nbytes(args[0]) if args else 0
+            members = ranks_of(self)
+            nbytes = _nbytes(args[0]) if args and kind != "other" else 0
+            if members != ring:
+                out = traffic.setdefault(OUTSIDE, [0, 0])
+                out[0] += 1
+                out[1] += nbytes
+            if kind != "other":
+                entry = traffic.setdefault(name, [0, 0])
+                entry[0] += 1
+                entry[1] += nbytes
             if kind == "p2p":
                 peer = args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("srcRank"))
+                # the op takes the peer's rank in its group: compare global ranks
+                if isinstance(peer, int) and members is not None and 0 <= peer < len(members):
+                    peer = members[peer]
                 if not isinstance(peer, int) or peer not in neighbours:
                     off = traffic.setdefault(OFF_RING, [0, 0])
                     off[0] += 1
-                    off[1] += _nbytes(args[0]) if args else 0
+                    off[1] += nbytes
             return method(self, *args, **kwargs)
         op.kind = kind
         return op
 
-    for kind, names in (("collective", _COLLECTIVES), ("p2p", _P2P)):
+    for kind, names in (("collective", _COLLECTIVES), ("p2p", _P2P), ("other", _OTHER_OPS)):
         for name in names:
             method = getattr(ProcessGroup, name, None)
             if method is not None:
                 setattr(ProcessGroup, name, counted(name, kind, method))
 
 
-def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeout, stage, stack_path):
+def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeout, stage, stack_path, groups=None):
     """One rank, in a forked process: join the group, run ``fn`` on the shards, send the result.
-    ``stage[rank]`` says how far it got (0 joining the group, 1 in ``fn``); SIGUSR1 writes its Python
-    stack to ``stack_path`` (what :func:`run_ring` shows of a rank that does not return)."""
+    With ``groups``, every rank makes every ring's group and a member runs ``fn`` with its ring's
+    (``group=``); a rank of no ring returns None at once. ``stage[rank]`` says how far it got (0 joining
+    the group, 1 in ``fn``); SIGUSR1 writes its Python stack to ``stack_path`` (what :func:`run_ring`
+    shows of a rank that does not return)."""
     import torch.distributed as dist
 
     stack_file = open(stack_path, "w")
@@ -185,9 +215,17 @@ def _rank_main(fn, rank, world, store_path, q, k, v, causal, scale, conn, timeou
             store = dist.FileStore(store_path, world)
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                     timeout=timedelta(seconds=timeout + EXTRA_SECONDS + 5))  # run_ring decides first
-            _count_traffic(traffic, rank, world)
+            group, ring = None, list(range(world))
+            if groups is not None:
+                # every rank makes every group, in one order: groups made by their members alone get the
+                # same name, share their keys in the store and hang in new_group
+                made = [dist.new_group(list(g)) for g in groups]
+                mine = [j for j, g in enumerate(groups) if rank in g]
+                group, ring = (made[mine[0]], list(groups[mine[0]])) if mine else (None, None)
+            if ring is not None:
+                _count_traffic(traffic, rank, ring)
             stage[rank] = 1
-            result = fn(q, k, v, causal=causal, scale=scale, group=None)
+            result = fn(q, k, v, causal=causal, scale=scale, group=group) if ring is not None else None
         payload = {"ok": True, "result": result}
     except BaseException:                       # noqa: BLE001 -- any failure is the rank's report
         payload = {"ok": False, "error": traceback.format_exc(limit=8)}
@@ -223,6 +261,9 @@ class RingRun:
 
     def off_ring_bytes(self) -> list[int]:
         return [t.get(OFF_RING, (0, 0))[1] for t in self.traffic]
+
+    def outside_ops(self) -> list[int]:
+        return [t.get(OUTSIDE, (0, 0))[0] for t in self.traffic]
 
 
 def _stop(procs) -> None:
@@ -271,10 +312,45 @@ class _GroupNotFormed(RingError):
     pass
 
 
+def check_groups(world: int, groups) -> tuple[tuple[int, ...], ...] | None:
+    """``groups`` as a tuple of rings, each the ascending global ranks of one process group (the order
+    ``dist.new_group`` gives them): disjoint, of one size, ranks of the world; None stays None."""
+    if groups is None:
+        return None
+    rings = tuple(tuple(sorted(int(r) for r in g)) for g in groups)
+    flat = [r for g in rings for r in g]
+    if not rings or len(set(map(len, rings))) != 1 or not rings[0] or len(set(flat)) != len(flat) \
+            or not all(0 <= r < world for r in flat):
+        raise ValueError(f"groups must be disjoint, non-empty rings of one size over ranks 0-{world - 1}, "
+                         f"not {groups!r}")
+    return rings
+
+
+def rings_of(world: int, groups=None) -> tuple[tuple[int, ...], ...]:
+    """The rings of a world: its groups, or one ring of every rank."""
+    return check_groups(world, groups) or (tuple(range(world)),)
+
+
+def ring_shards(x: torch.Tensor, world: int, causal: bool, groups=None, layout: str | None = None) -> list:
+    """Each global rank's shard of ``x``: ring g of ``groups`` takes batch element(s) g of ``x`` (B split
+    evenly) and shards them by the rule over its ranks; a rank of no ring gets None."""
+    rings = rings_of(world, groups)
+    if x.shape[0] % len(rings):
+        raise ValueError(f"a batch of {x.shape[0]} cannot be split over {len(rings)} rings")
+    b, out = x.shape[0] // len(rings), [None] * world
+    for g, ring in enumerate(rings):
+        part = x[g * b:(g + 1) * b] if groups is not None else x
+        for i, piece in enumerate(shard(part, len(ring), causal, layout=layout)):
+            out[ring[i]] = piece
+    return out
+
+
 def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
-             timeout: float | None = None, layout: str | None = None) -> RingRun:
+             timeout: float | None = None, layout: str | None = None, groups=None) -> RingRun:
     """Run ``fn(q_r, k_r, v_r, causal=, scale=, group=None)`` on ``world`` ranks (forked processes,
-    a ``gloo`` group), each on its shards of the global q, k, v; gather what each returned.
+    a ``gloo`` group), each on its shards of the global q, k, v; gather what each returned. With
+    ``groups`` (disjoint rings of global ranks, :func:`check_groups`), ring g runs on batch element g
+    of q, k, v with ``group=`` its process group, all rings at once; a rank of no ring returns None.
 
     Raises :class:`RingError` naming the rank when one raises (its traceback and output shown),
     and naming the ranks still running, and where each waits, when the world is not done within
@@ -285,16 +361,17 @@ def run_ring(fn, world: int, q, k, v, *, causal: bool = False, scale=None,
     if world < 1:
         raise ValueError(f"world must be at least 1, got {world}")
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    shards = [shard(t.detach(), world, causal, layout=layout) for t in (q, k, v)]
+    groups = check_groups(world, groups)
+    shards = [ring_shards(t.detach(), world, causal, groups, layout) for t in (q, k, v)]
     for attempt in range(SETUP_RETRIES + 1):
         try:
-            return _run_world(fn, world, shards, causal, scale, timeout)
+            return _run_world(fn, world, shards, causal, scale, timeout, groups)
         except _GroupNotFormed as err:
             if attempt == SETUP_RETRIES:
                 raise RingError(f"{err} (started {SETUP_RETRIES + 1} times)") from None
 
 
-def _run_world(fn, world, shards, causal, scale, timeout) -> RingRun:
+def _run_world(fn, world, shards, causal, scale, timeout, groups=None) -> RingRun:
     global _extra_spent
     ctx = multiprocessing.get_context("fork")
     stage = ctx.RawArray("b", world)
@@ -307,7 +384,7 @@ def _run_world(fn, world, shards, causal, scale, timeout) -> RingRun:
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_rank_main, daemon=True,
                                 args=(fn, r, world, store_path, shards[0][r], shards[1][r], shards[2][r],
-                                      causal, scale, send_end, timeout, stage, stacks[r]))
+                                      causal, scale, send_end, timeout, stage, stacks[r], groups))
                 p.start()
                 send_end.close()
                 procs.append(p)
@@ -353,16 +430,24 @@ def _run_world(fn, world, shards, causal, scale, timeout) -> RingRun:
                     r = conns.pop(c)
                     payloads[r] = _receive(c, r, procs)
                     if not payloads[r]["ok"]:
-                        # a rank that died is the cause of its neighbours' connection errors: name it
-                        for c2 in wait_any(list(conns), timeout=1.0) if not payloads[r].get("died") else ():
-                            r2 = conns.pop(c2)
-                            payloads[r2] = _receive(c2, r2, procs)
-                            if payloads[r2].get("died"):
-                                r = r2
+                        # the others' failures, for a second: one that died, else one whose error names a
+                        # known cause, explains its neighbours' connection errors
+                        failed, end = [r], time.monotonic() + 1.0
+                        while conns and not payloads[r].get("died") and time.monotonic() < end:
+                            for c2 in wait_any(list(conns), timeout=max(end - time.monotonic(), 0)):
+                                r2 = conns.pop(c2)
+                                payloads[r2] = _receive(c2, r2, procs)
+                                if not payloads[r2]["ok"]:
+                                    failed.append(r2)
+                            if any(payloads[f].get("died") for f in failed):
                                 break
+                        r = next((f for f in failed if payloads[f].get("died")),
+                                 next((f for f in failed if _cause_of(payloads[f], groups)), r))
                         out = payloads[r]["out"].strip()
+                        cause = _cause_of(payloads[r], groups)
                         raise RingError(f"rank {r} of {world} failed:\n{payloads[r]['error'].rstrip()}"
-                                        + (f"\n  its output:\n{out}" if out else ""))
+                                        + (f"\n  its output:\n{out}" if out else "")
+                                        + (f"\n  likely cause: {cause}" if cause else ""))
         finally:
             _stop(procs)
             for c in conns:
@@ -370,6 +455,30 @@ def _run_world(fn, world, shards, causal, scale, timeout) -> RingRun:
     ranks = [payloads[r] for r in range(world)]
     return RingRun([p["result"] for p in ranks], [p["out"] for p in ranks],
                    [p["traffic"] for p in ranks], [p["seconds"] for p in ranks])
+
+
+GROUP_IGNORED = ("`group` was ignored: the ring runs over the ranks of `group`, not the world's: rank and P are "
+                 "dist.get_rank(group) and dist.get_world_size(group), every collective and point-to-point call "
+                 "takes group=group, and a peer is named by its global rank, dist.get_global_rank(group, j)")
+GLOBAL_PEERS = ("point-to-point calls (dist.isend, dist.irecv, dist.P2POp) take global ranks: rank j of the group is "
+                "dist.get_global_rank(group, j) (or pass group_peer=j)")
+#: What a rank's error says -> the likely cause named with it.
+_KNOWN_CAUSES = (
+    ("is not part of group", f"a peer outside the ring's group: {GLOBAL_PEERS}; rank and P are dist.get_rank(group) "
+     "and dist.get_world_size(group)"),
+)
+
+
+def _cause_of(payload: dict, groups) -> str | None:
+    """The likely cause of a rank's failure: from its error's text, else from what it ran before failing
+    (an operation on another group than its ring's; with rings of a world, a peer that is no neighbour)."""
+    said = next((cause for says, cause in _KNOWN_CAUSES if says in payload.get("error", "")), None)
+    traffic = payload.get("traffic", {})
+    if said or traffic.get(OUTSIDE, (0, 0))[0]:
+        return said or GROUP_IGNORED
+    if groups is not None and traffic.get(OFF_RING, (0, 0))[0]:
+        return f"a peer that is not a neighbour on the ring: {GLOBAL_PEERS}"
+    return None
 
 
 # One frame of faulthandler's dump: '  File "/path/x.py", line 12 in recv'
@@ -402,32 +511,40 @@ def _where_they_wait(procs, running: list[int], stacks: list[str]) -> str:
     return "; ".join(said)
 
 
-def on_ring(fn, world: int, *, timeout: float | None = None, layout: str | None = None, traffic: bool = False):
+def on_ring(fn, world: int, *, timeout: float | None = None, layout: str | None = None, traffic: bool = False,
+            groups=None):
     """``fn`` (a ring attention) as an attention function of global q, k, v: the inputs are sharded
-    by the rule, ``fn`` runs on ``world`` ranks, and their ``(o, lse)`` come back in global order.
+    by the rule, ``fn`` runs on ``world`` ranks (with ``groups``: on each ring of them, ring g on batch
+    element g, :func:`run_ring`), and their ``(o, lse)`` come back in global order.
     The last run's :class:`RingRun` is kept as ``.last_run`` (output lines, operations, seconds).
     With ``traffic``, a third value: :func:`traffic_table` of the run (what the grader records)."""
+    rings = rings_of(world, groups)
 
     def ring_call(q, k, v, causal=False, scale=None):
-        run = run_ring(fn, world, q, k, v, causal=causal, scale=scale, timeout=timeout, layout=layout)
+        run = run_ring(fn, world, q, k, v, causal=causal, scale=scale, timeout=timeout, layout=layout,
+                       groups=groups)
         ring_call.last_run = run
         for r, text in enumerate(run.out):
             for line in text.splitlines():
                 print(f"[rank {r}] {line}")
-        os_, lses = [], []
-        for r, res in enumerate(run.results):
-            if not (isinstance(res, (tuple, list)) and len(res) == 2):
-                raise RingError(f"rank {r} returned {type(res).__name__}; ring_attention returns its rows' "
-                                "(o, lse): o [B, Hq, S_local, D] in q's dtype, lse [B, Hq, S_local] float32")
-            for name, t, want in (("o", res[0], 4), ("lse", res[1], 3)):
-                if not isinstance(t, torch.Tensor) or t.dim() != want or t.shape[2] != len(shard_index(q.shape[2], world, r, causal, layout)):
-                    raise RingError(f"rank {r} returned {name} of shape "
-                                    f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}; "
-                                    f"it must cover the rank's {len(shard_index(q.shape[2], world, r, causal, layout))} "
-                                    "rows on dim 2")
-            os_.append(res[0])
-            lses.append(res[1])
-        out = unshard(os_, causal, layout=layout), unshard(lses, causal, layout=layout)
+        o_parts, lse_parts = [], []
+        for ring in rings:
+            os_, lses = [], []
+            for i, r in enumerate(ring):
+                res, rows = run.results[r], len(shard_index(q.shape[2], len(ring), i, causal, layout))
+                if not (isinstance(res, (tuple, list)) and len(res) == 2):
+                    raise RingError(f"rank {r} returned {type(res).__name__}; ring_attention returns its rows' "
+                                    "(o, lse): o [B, Hq, S_local, D] in q's dtype, lse [B, Hq, S_local] float32")
+                for name, t, want in (("o", res[0], 4), ("lse", res[1], 3)):
+                    if not isinstance(t, torch.Tensor) or t.dim() != want or t.shape[2] != rows:
+                        raise RingError(f"rank {r} returned {name} of shape "
+                                        f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}; "
+                                        f"it must cover the rank's {rows} rows on dim 2")
+                os_.append(res[0])
+                lses.append(res[1])
+            o_parts.append(unshard(os_, causal, layout=layout))
+            lse_parts.append(unshard(lses, causal, layout=layout))
+        out = (o_parts[0], lse_parts[0]) if len(rings) == 1 else (torch.cat(o_parts), torch.cat(lse_parts))
         return (*out, traffic_table(run)) if traffic else out
 
     ring_call.world, ring_call.last_run = world, None
@@ -437,9 +554,10 @@ def on_ring(fn, world: int, *, timeout: float | None = None, layout: str | None 
 
 # ----------------------------------------------------------------------------- the cases
 def traffic_table(run: RingRun) -> torch.Tensor:
-    """float64 [world, 3]: the bytes each rank gave point-to-point operations, collectives, and point-to-point
-    operations with a rank that is no neighbour of it on the ring."""
-    return torch.tensor([run.p2p_bytes(), run.collective_bytes(), run.off_ring_bytes()],
+    """float64 [world, 4]: the bytes each rank gave point-to-point operations, collectives, and point-to-point
+    operations with a rank that is no neighbour of it on its ring; the number of operations it ran on a
+    process group whose ranks are not its ring's."""
+    return torch.tensor([run.p2p_bytes(), run.collective_bytes(), run.off_ring_bytes(), run.outside_ops()],
                         dtype=torch.float64).T.contiguous()
 
 
@@ -447,22 +565,42 @@ def traffic_table(run: RingRun) -> torch.Tensor:
 COLLECTIVE_ALLOWANCE = 1024
 
 
-def check_traffic(table: torch.Tensor, k: torch.Tensor, world: int, causal: bool, tag: str) -> None:
-    """K and V went round the ring point to point: each rank sent and received (at least) the other
-    ranks' shards, and no rank moved more than a few numbers through collectives. Nothing is checked
-    while collecting (the judge checks the recorded table)."""
+def check_group_use(table: torch.Tensor, world: int, tag: str, groups=None) -> None:
+    """Every operation of a rank ran on its ring's process group (``group=``), not on the world's: checked
+    before the rows, since ranks that ignored ``group`` mix the rings' data."""
     if is_collecting():
         return
-    kv = 2 * k.element_size() * k.shape[0] * k.shape[1] * k.shape[3]         # bytes of K and V per row
+    for ring in rings_of(world, groups):
+        for r in ring:
+            n = int(table[r][3]) if table.shape[1] > 3 else 0
+            if n > 0:
+                raise AttentionCheckError(
+                    f"{tag} rank {r} ran {n} operation(s) on a process group other than the `group` it was given "
+                    f"(ranks {', '.join(map(str, ring))} of a world of {world}).\n  likely cause: {GROUP_IGNORED}")
+
+
+def check_traffic(table: torch.Tensor, k: torch.Tensor, world: int, causal: bool, tag: str, groups=None) -> None:
+    """K and V went round the ring point to point: each rank sent and received (at least) the other
+    ranks' shards, only to its neighbours on its ring, all on its ring's group, and no rank moved more
+    than a few numbers through collectives. Nothing is checked while collecting (the judge checks the
+    recorded table)."""
+    if is_collecting():
+        return
+    check_group_use(table, world, tag, groups)
+    rings = rings_of(world, groups)
+    kv = 2 * k.element_size() * (k.shape[0] // len(rings)) * k.shape[1] * k.shape[3]   # bytes of K and V per row
     S = k.shape[2]
-    for r in range(world):
-        p2p, coll, off = (float(x) for x in table[r])
+    for i, r, ring in ((i, r, ring) for ring in rings for i, r in enumerate(ring)):
+        P = len(ring)
+        p2p, coll, off = (float(x) for x in table[r][:3])
         if off > 0:
+            cause = ("K and V were sent to every rank, an all-gather built of sends: the ring passes each shard to "
+                     "the next rank only, world_size - 1 times, so that a rank holds two shards at a time")
+            if groups is not None:
+                cause = f"peers named by their rank in the group: {GLOBAL_PEERS}. Or {cause}"
             raise AttentionCheckError(
                 f"{tag} rank {r} exchanged {off / 1e6:.3g} MB point to point with ranks that are not its neighbours "
-                f"on the ring (ranks {(r - 1) % world} and {(r + 1) % world}).\n  likely cause: K and V were sent to "
-                "every rank, an all-gather built of sends: the ring passes each shard to the next rank only, "
-                "world_size - 1 times, so that a rank holds two shards at a time")
+                f"on the ring (ranks {ring[(i - 1) % P]} and {ring[(i + 1) % P]}).\n  likely cause: {cause}")
         if coll > COLLECTIVE_ALLOWANCE:
             raise AttentionCheckError(
                 f"{tag} rank {r} moved {coll / 1e6:.3g} MB through collectives (all_gather, broadcast, ...).\n"
@@ -470,8 +608,8 @@ def check_traffic(table: torch.Tensor, k: torch.Tensor, world: int, causal: bool
                 "with point-to-point operations (dist.isend / dist.irecv, or dist.batch_isend_irecv), so that "
                 "a rank holds two shards at a time and never the whole sequence. Only the lengths (a few "
                 "numbers) may go through a collective")
-        others = S - len(shard_index(S, world, r, causal))
-        if world > 1 and p2p < others * kv:
+        others = S - len(shard_index(S, P, i, causal))
+        if P > 1 and p2p < others * kv:
             raise AttentionCheckError(
                 f"{tag} rank {r} passed {p2p / 1e6:.3g} MB point to point, less than the "
                 f"{others * kv / 1e6:.3g} MB of the other ranks' K and V it must receive.\n"
@@ -483,13 +621,22 @@ class RingCase:
     name: str
     cfg: AttnConfig
     world: int
+    groups: tuple[tuple[int, ...], ...] | None = None      # rings over subgroups (run_ring), ring g on batch g
+
+    @property
+    def ring_size(self) -> int:
+        return len(rings_of(self.world, self.groups)[0])
 
     def describe(self) -> str:
-        return f"{self.name}: {self.world} ranks, {self.cfg.describe()}"
+        if self.groups is None:
+            return f"{self.name}: {self.world} ranks, {self.cfg.describe()}"
+        rings = " and ".join("{" + ", ".join(map(str, g)) + "}" for g in self.groups)
+        return (f"{self.name}: {len(self.groups)} rings at once in a world of {self.world} ranks, group = ranks "
+                f"{rings} (ring g on batch element g), {self.cfg.describe()}")
 
 
-def _case(name, world, B, Hq, Hkv, S, causal, D=128):
-    return RingCase(name, AttnConfig(name, B, Hq, Hkv, S, S, D, causal), world)
+def _case(name, world, B, Hq, Hkv, S, causal, D=128, groups=None):
+    return RingCase(name, AttnConfig(name, B, Hq, Hkv, S, S, D, causal), world, check_groups(world, groups))
 
 
 #: The graded cases (CPU sizes, gloo): two and four ranks, causal (zigzag) and not, GQA and MQA,
@@ -503,6 +650,8 @@ RING_CASES: dict[str, RingCase] = {c.name: c for c in (
     _case("w3_ragged_noncausal", 3, 1, 4, 2, 301, False),
     _case("w2_mqa", 2, 2, 4, 1, 333, True),
     _case("w4_short", 4, 1, 4, 2, 7, True),
+    # two rings at once: a rank that uses the world's ranks, or names peers by group rank, meets the other ring
+    _case("w4_two_rings", 4, 2, 4, 2, 96, True, D=32, groups=((0, 2), (1, 3))),
 )}
 
 
@@ -590,18 +739,24 @@ def ring_mistakes(q, k, v, causal: bool, scale, world: int, layout: str | None =
     return out
 
 
-def where_ranks(bad_rows: torch.Tensor, S: int, world: int, causal: bool, layout: str | None = None) -> str:
+def where_ranks(bad_rows: torch.Tensor, S: int, world: int, causal: bool, layout: str | None = None,
+                groups=None) -> str:
     """The one describer of a ring's result: the wrong rows and heads, then the ranks that hold them with
-    their chunks and rows ('the wrong rows are held by rank 1 (chunks 1, 2: rows 250-499, 500-749)')."""
+    their chunks and rows ('the wrong rows are held by rank 1 (chunks 1, 2: rows 250-499, 500-749)').
+    With ``groups`` (``world`` the size of one ring), the global ranks of the rings of the wrong batch elements."""
     bounds = chunk_bounds(S, n_chunks(world, causal, layout))
     owner = _owners(S, world, causal, layout)[0]
     bad = bad_rows.any(dim=(0, 1)) if bad_rows.dim() == 3 else bad_rows
-    ranks = sorted({int(owner[r]) for r in torch.nonzero(bad.cpu()).flatten().tolist()})
+    held = {(None, int(owner[r])) for r in torch.nonzero(bad.cpu()).flatten().tolist()}
+    if groups is not None and bad_rows.dim() == 3:
+        per = bad_rows.shape[0] // len(groups)          # batch elements per ring
+        held = {(groups[int(b) // per], int(owner[r])) for b, _, r in torch.nonzero(bad_rows.cpu()).tolist()}
     parts = []
-    for r in ranks:
+    for ring, r in sorted(held, key=lambda x: (x[0] or (), x[1])):
         chunks = rank_chunks(world, r, causal, layout)
         rows = ", ".join(f"{bounds[c][0]}-{bounds[c][1] - 1}" for c in chunks if bounds[c][1] > bounds[c][0])
-        parts.append(f"rank {r} (chunk{'s' if len(chunks) > 1 else ''} {', '.join(map(str, chunks))}: rows {rows})")
+        who = f"rank {r}" if ring is None else f"rank {ring[r]} (rank {r} of group {{{', '.join(map(str, ring))}}})"
+        parts.append(f"{who} (chunk{'s' if len(chunks) > 1 else ''} {', '.join(map(str, chunks))}: rows {rows})")
     held = "; ".join(parts) if parts else "no rank"
     return (f"{describe_rows(bad_rows)}\n  the wrong rows are held by {held}" if bad_rows.dim() == 3
             else f"the wrong rows are held by {held}")
@@ -615,10 +770,12 @@ NAN_CAUSE = ("a block in which a row sees no key has lse = -inf: its merge weigh
 
 
 def check_ring_result(o, lse, q, k, v, causal: bool, scale, world: int, *, layout: str | None = None,
-                      tag: str = "") -> str:
+                      tag: str = "", groups=None) -> str:
     """The course's rule on a ring's gathered ``(o, lse)`` of the global q, k, v: finite, within twice
     PyTorch's own rounding (+1e-3), 1% relative; lse close. Raises :class:`AttentionCheckError` naming the
-    ranks that hold the wrong rows and the ring mistake that gives this output. Returns the summary."""
+    ranks that hold the wrong rows and the ring mistake that gives this output. Returns the summary.
+    ``world`` is the size of one ring; with ``groups`` (rings of global ranks, ring g on batch element g)
+    the ranks named are global."""
     if is_collecting():
         return ""
     expect_tensor(o, q, name="o", like_name="q", tag=tag, shape_note=" = [B, Hq, S, D]")      # lse: check_lse
@@ -632,11 +789,12 @@ def check_ring_result(o, lse, q, k, v, causal: bool, scale, world: int, *, layou
             raise cmp.error(found.cause if found else "compare one wrong rank's rows with "
                             "facourse.ring.block_attention on each shard it received: the chunks each rank holds "
                             "(the sharding rule), the causal test in global positions, the merge's weights",
-                            where=where_ranks(cmp.bad_rows, S, world, causal, layout), index_names=("b", "h", "row", "d"))
+                            where=where_ranks(cmp.bad_rows, S, world, causal, layout, groups),
+                            index_names=("b", "h", "row", "d"))
         bad = cmp.nonfinite_rows if cmp.failure == "nonfinite" else cmp.not_empty_rows
         what = "NaN or inf in o" if cmp.failure == "nonfinite" else "rows that see no key must be exactly 0"
-        raise AttentionCheckError(f"{tag} {what} at {where_ranks(bad, S, world, causal, layout)}\n  likely cause: "
-                                  f"{found.cause if found else NAN_CAUSE}")
+        raise AttentionCheckError(f"{tag} {what} at {where_ranks(bad, S, world, causal, layout, groups)}\n  "
+                                  f"likely cause: {found.cause if found else NAN_CAUSE}")
     if cmp.ref_max < 10 * cmp.allowed:
         raise AttentionCheckError(f"{tag} the inputs are degenerate (max|ref| = {cmp.ref_max:.3g}); draw them "
                                   "with facourse.make_inputs")
@@ -657,22 +815,26 @@ def check_ring(fn, case="w2_causal", *, seed: int | None = None, dtype=None, tim
     A ``layout`` other than the rule's is for the solution ladder. With ``traffic`` the K/V must
     also have gone round the ring point to point, between neighbours (:func:`check_traffic`). ``logit_scale``
     multiplies q: logits in the hundreds, where a merge that does not subtract the larger lse overflows.
+    A case with ``groups`` runs its rings at once, each rank given its ring's process group; with ``traffic``
+    every operation must have run on that group (:func:`check_group_use`, checked before the rows).
     """
     c = get_ring_case(case)
     seed = draw_seed(seed)
     q, k, v = make_inputs(c.cfg, seed, "cpu", dtype)
     if logit_scale != 1.0:
         q = q * logit_scale
-    call = on_ring(fn, c.world, timeout=timeout, layout=layout, traffic=traffic) if distributed else fn
+    call = on_ring(fn, c.world, timeout=timeout, layout=layout, traffic=traffic, groups=c.groups) if distributed else fn
     tag = make_tag(c.describe(), seed)
     result = guarded_call(call, q, k, v, device=q.device, tag=tag, inputs={"q": q, "k": k, "v": v},
                           causal=c.cfg.causal, scale=scale)
     if traffic:
         *result, table = result
+        check_group_use(table, c.world, f"[{c.describe()}]", c.groups)
     o, lse = normalise_result(result, True, f"[{c.name}]")
-    summary = check_ring_result(o, lse, q, k, v, c.cfg.causal, scale, c.world, layout=layout, tag=tag)
+    summary = check_ring_result(o, lse, q, k, v, c.cfg.causal, scale, c.ring_size, layout=layout, tag=tag,
+                                groups=c.groups)
     if traffic:
-        check_traffic(table, k, c.world, c.cfg.causal, f"[{c.describe()}]")
+        check_traffic(table, k, c.world, c.cfg.causal, f"[{c.describe()}]", c.groups)
     if verbose:
         say(summary)
     return getattr(call, "last_run", None)

@@ -39,11 +39,14 @@ class Ring(Kind):
         """(checks [(case, dtype)], timed configuration names) of a ring rung. On the GPUs: the shapes of
         every case of facourse.ring.RING_CASES, run on the ranks (ragged lengths, GQA, MQA, 7 rows over
         4 zigzag chunks), fp16 and bf16, then CONFIGS. --quick: the cases of this world in fp16, the 64k
-        configuration; --cpu-smoke: the cases of this world in fp16, SMOKE_CONFIGS."""
+        configuration; --cpu-smoke: the cases of this world in fp16, SMOKE_CONFIGS. Cases of several rings
+        (``groups``) are the CPU check's only."""
         from ..ring import RING_CASES
         if checks is None:
-            mine = [c for c, rc in RING_CASES.items() if rc.world == self.world]
-            checks = mine if quick or smoke else list(RING_CASES)
+            # a case of rings over subgroups checks the contract's group on CPU ranks; the runner's world is one ring
+            ones = {c: rc for c, rc in RING_CASES.items() if rc.groups is None}
+            mine = [c for c, rc in ones.items() if rc.world == self.world]
+            checks = mine if quick or smoke else list(ones)
         dtypes = DTYPES[:1] if quick or smoke else DTYPES
         configs = list(SMOKE_CONFIGS if smoke else CONFIGS)
         return [(c, dt) for dt in dtypes for c in checks], configs[:1] if quick and not smoke else configs
