@@ -169,11 +169,14 @@ SAMPLE_STUDENTS = ("alice", "bob", "carol")
 
 
 def planted_cells(step: str, planted: tuple) -> dict[str, str]:
-    """The solution cell of ``planted`` (cell, the solution's text, the mistake, ...) with the mistake in it."""
-    cell, old, new = planted[:3]
-    code = solution_code(step)[cell]
-    assert old in code, f"planted bug out of date: {old!r} is no longer in {step}'s {cell!r} cell"
-    return {cell: code.replace(old, new)}
+    """The solution cells of ``planted`` (cell, the solution's text, the mistake, ...; a mistake in several
+    places gives the three as tuples of the same length) with the mistake in them."""
+    solution, out = solution_code(step), {}
+    for cell, old, new in (zip(*planted[:3]) if isinstance(planted[0], tuple) else [planted[:3]]):
+        code = out.get(cell, solution[cell])
+        assert old in code, f"planted bug out of date: {old!r} is no longer in {step}'s {cell!r} cell"
+        out[cell] = code.replace(old, new)
+    return out
 
 
 def solution_and_stub(step: str, max_points: float, gpu_only: set, gpu_points: float, planted: tuple,
@@ -292,12 +295,9 @@ def planted_verdicts(tmp_path: Path, step: str, given: tuple, bugs: dict, tests=
 def assert_planted_bugs_named(tmp_path: Path, step: str, given: tuple, planted: dict) -> None:
     """Each bug of ``planted`` ({bug: (cell, the solution's text, the mistake, the test, what its message
     names)}), put into the solution, scores 0 in its test through the judge (which hands it the
-    function its hidden cell names), whose message names it."""
-    solution = solution_code(step)
-    bugs = {}
-    for bug, (cell, old, new, test, says) in planted.items():
-        assert old in solution[cell], f"{bug}: the solution no longer holds {old!r}: update the planted bug"
-        bugs[bug] = {cell: solution[cell].replace(old, new)}
+    function its hidden cell names), whose message names it. A bug in several places gives cell, text
+    and mistake as tuples of the same length."""
+    bugs = {bug: planted_cells(step, p) for bug, p in planted.items()}
     got = planted_verdicts(tmp_path, step, given, bugs, tests={bug: [p[3]] for bug, p in planted.items()})
     for bug, (cell, old, new, test, says) in planted.items():
         v = got[bug][test]

@@ -181,12 +181,12 @@ def test_top_left_in_fp16_is_named_when_rows_of_few_keys_round_past_the_toleranc
 
 
 # ----------------------------------------------------------------------------- step 08
-def _step08_inputs(causal=True):
+def _step08_inputs(causal=True, Sq=40, Skv=56):
     import torch
 
     from facourse.backward import draw_dout
     from facourse.configs import AttnConfig, make_inputs
-    cfg = AttnConfig("planted", 1, 4, 2, 40, 56, 32, causal)       # GQA, Sq < Skv, ragged
+    cfg = AttnConfig("planted", 1, 4, 2, Sq, Skv, 32, causal)       # GQA, ragged (Sq < Skv unless told)
     q, k, v = make_inputs(cfg, 11, "cpu", torch.float32)
     return cfg, q, k, v, draw_dout(cfg, 11, "cpu", torch.float32)
 
@@ -201,13 +201,17 @@ def _check_grads(grads, q, k, v, do, causal):
                               config="planted")
 
 
-def test_08_each_mistake_is_named_and_no_other():
+# Sq < Skv; Sq > Skv (top-left shows keys the forward hid); Sq - Skv >= Skv - 1 (top-left is no mask there)
+@pytest.mark.parametrize("Sq, Skv", [(40, 56), (56, 40), (90, 30)])
+def test_08_each_mistake_is_named_and_no_other(Sq, Skv):
     """Every step-08 mistake (in the whole backward, or in one of its two passes), given the gradients it
     produces, is named by the check with its own cause, and the pass it sits in."""
     from facourse.backward import backward_mistakes
-    _, q, k, v, do = _step08_inputs()
+    _, q, k, v, do = _step08_inputs(Sq=Sq, Skv=Skv)
     mistakes = backward_mistakes(q, k, v, do, True, None)
-    assert len(mistakes) > 20 and any("off by one on the diagonal" in m.cause for m in mistakes)
+    causes = [m.cause for m in mistakes]
+    assert len(mistakes) > 20 and any("off by one on the diagonal" in c for c in causes)
+    assert sum("aligned top-left" in c for c in causes) == 3 and sum("h % Hkv" in c for c in causes) == 3, causes
     for m in mistakes:
         with pytest.raises(AttentionCheckError) as err:
             _check_grads(m.produce(), q, k, v, do, True)

@@ -35,6 +35,22 @@ PLANTED = {
     "saves_p_nested": ("autograd", "        ctx.save_for_backward(q, k, v, o, lse)",
                        "        ctx.save_for_backward(q, k, v, o, lse)\n        ctx.state = [[q.new_zeros(q.shape[0], "
                        "q.shape[1], q.shape[2], k.shape[2])]]", "test_medium", "kept"),
+    # GQA's head mapping interleaved (h % Hkv, not h // G) in one pass or both: each named for where it sits
+    "gqa_dq_head_mod": ("dq", "(h // GROUP) * s", "(h % (Hq // GROUP)) * s", "test_small",
+                        "the dQ pass reads K and V of KV head h % Hkv for query head h"),
+    "gqa_dkdv_head_mod": ("dkdv", "h = h_kv * GROUP + g", "h = g * (Hq // GROUP) + h_kv", "test_small",
+                          "the dK/dV pass sums KV head j's gradients over the query heads with h % Hkv = j"),
+    "gqa_head_mod": (("dq", "dkdv"), ("(h // GROUP) * s", "h = h_kv * GROUP + g"),
+                     ("(h % (Hq // GROUP)) * s", "h = g * (Hq // GROUP) + h_kv"), "test_small",
+                     "the backward pairs query head h with KV head h % Hkv"),
+    # the bottom-right causal mask of the forward, top-left in the backward's rebuilt P (Sq != Skv only)
+    "top_left_backward": ("dkdv", "keep = keep & (offs_n[None, :] <= offs_m[:, None] + (Skv - Sq))",
+                          "keep = keep & (offs_n[None, :] <= offs_m[:, None])", "test_edge_ragged",
+                          "the backward's causal mask is aligned top-left"),
+    # with Sq - Skv >= Skv - 1 top-left shows every row that sees a key all of them: no mask gives the same gradients
+    "top_left_backward_no_mask_alike": ("dkdv", "keep = keep & (offs_n[None, :] <= offs_m[:, None] + (Skv - Sq))",
+                                        "keep = keep & (offs_n[None, :] <= offs_m[:, None])", "test_edge_empty_rows",
+                                        "the causal mask is missing in the backward, or aligned top-left"),
     # a backward with no kernel of its own (the given forward's kernel ran): computed by PyTorch, here as zeros
     "backward_without_kernels": ("autograd", "        dq, dk, dv = attention_backward(q, k, v, o, lse, do, ctx.causal, "
                                  "ctx.scale)", "        dq, dk, dv = q * 0 + do.sum() * 0, k * 0, v * 0", "test_small",
@@ -61,3 +77,20 @@ def test_one_query_row_has_no_other_rows_lse_to_blame():
     k = torch.zeros(2, 2, 16, 64)
     assert "lse_next_row" not in bw._variants_for(one, k, True)
     assert "lse_next_row" in bw._variants_for(many, k, True)
+
+
+def test_alignment_and_head_mapping_are_offered_only_where_they_change_the_gradients():
+    """Top-left equals bottom-right when Sq = Skv, and no mask once Sq - Skv >= Skv - 1 (then one mistake names
+    both); h % Hkv equals h // (Hq // Hkv) with one KV head (MQA) or none shared (Hq = Hkv)."""
+    import torch
+
+    from facourse import backward as bw
+
+    def offered(Hq, Hkv, Sq, Skv, causal=True):
+        return bw._variants_for(torch.zeros(1, Hq, Sq, 8), torch.zeros(1, Hkv, Skv, 8), causal)
+    assert "top_left_backward" not in offered(8, 2, 64, 64) and "top_left_backward" not in offered(8, 2, 40, 56, False)
+    assert {"top_left_backward", "no_mask_backward"} <= set(offered(8, 2, 40, 56)) & set(offered(8, 2, 56, 40))
+    alike = offered(4, 1, 300, 100)
+    assert "top_left_backward" in alike and "no_mask_backward" not in alike
+    assert "gqa_head_mod" in offered(8, 2, 64, 64)
+    assert all("gqa_head_mod" not in offered(*h, 64, 64) for h in ((8, 1), (8, 8)))

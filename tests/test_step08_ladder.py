@@ -88,6 +88,11 @@ PLANTED = {
                        "ragged_gqa_causal_sq_lt_skv", "the causal mask is missing in the backward"),
     "lse_wrong_row": ("dq, dk, dv = v1.attention_backward(q, k, v, o, torch.cat([lse[:, :, 1:], lse[:, :, -1:]], 2), "
                       "do, causal, scale)", "d128_gqa", "another row's lse"),
+    # Sq < Skv: the backward on the first Sq keys alone masks j <= i (top-left); the later keys get no gradient
+    "top_left_backward": ("S = q.shape[2]; dq, dk[:, :, :S], dv[:, :, :S] = v1.attention_backward("
+                          "q, k[:, :, :S], v[:, :, :S], o, lse, do, causal, scale); dk[:, :, S:] = 0; dv[:, :, S:] = 0",
+                          "ragged_gqa_causal_sq_lt_skv",
+                          "the backward's causal mask is aligned top-left, in both passes"),
     "unguarded_lse": ("dq, dk, dv = v1.attention_backward(q, k, v, o, torch.where(torch.isinf(lse), -1e30, lse), "
                       "do, causal, scale)", "empty_rows", "see no key"),
 }

@@ -12,11 +12,12 @@ after the forward. Every gradient is judged by the course's one rule (``facourse
   3. max|g - g_ref| / max|g_ref| < 1e-2.
 
 The wrong gradients together are compared with the gradients of the classic mistakes
-(:func:`backward_mistakes`: the ``D`` term left out, GQA's dK/dV not summed over the group, dQ scaled
-twice, the causal mask left out of the backward or off by one on its diagonal, P rebuilt from another
-row's lse, ...), each made in the whole backward or in one of its two passes (dQ; dK and dV). The
-message names one only when it explains every wrong gradient and breaks none that is right;
-otherwise it says which gradients are wrong, at which rows and heads.
+(:func:`backward_mistakes`: the ``D`` term left out, GQA's dK/dV not summed over the group or its
+heads interleaved (h % Hkv), dQ scaled twice, the causal mask left out of the backward, off by one on
+its diagonal or aligned top-left, P rebuilt from another row's lse, ...), each made in the whole
+backward or in one of its two passes (dQ; dK and dV). The message names one only when it explains
+every wrong gradient and breaks none that is right; otherwise it says which gradients are wrong, at
+which rows and heads.
 """
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ def _off_by(shift):
 
 #: variant -> the mask P is rebuilt under in the backward (None: no mask at all)
 _BACKWARD_MASKS = {"no_mask_backward": lambda Sq, Skv, device: None,
-                   "diagonal_backward": _off_by(-1), "diagonal_plus_one_backward": _off_by(1)}
+                   "diagonal_backward": _off_by(-1), "diagonal_plus_one_backward": _off_by(1),
+                   "top_left_backward": lambda Sq, Skv, device: causal_mask(Sq, Skv, device, "top_left")}
 
 
 def attention_grads(q, k, v, do, causal=False, scale=None, *, dtype=None, variant: str | None = None):
@@ -161,6 +163,8 @@ def attention_grads(q, k, v, do, causal=False, scale=None, *, dtype=None, varian
     if dtype is None:
         dtype = torch.float32 if q.device.type == "cuda" else torch.float64
     idx = kv_head_index(Hq, Hkv).to(q.device)
+    # the KV head the backward pairs with each query head (the forward's, but for the interleaved mistake)
+    idx_b = torch.arange(Hq, device=q.device) % Hkv if variant == "gqa_head_mod" else idx
     mask = causal_mask(Sq, Skv, q.device) if causal else None
     dqs, dks, dvs = [], [], []
     for b in range(B):                    # one batch at a time bounds the [Hq, Sq, Skv] matrices
@@ -182,6 +186,12 @@ def attention_grads(q, k, v, do, causal=False, scale=None, *, dtype=None, varian
             lse2 = (torch.cat([lse[:, 1:], lse[:, -1:]], dim=1) if variant == "lse_next_row"
                     else torch.roll(lse, -1, dims=1))                   # the last row reads row 0's
             P = torch.nan_to_num(torch.exp(S - lse2), nan=0.0, posinf=0.0)
+        if variant == "gqa_head_mod":                                   # P rebuilt from another head's K
+            kx, vx = kd.index_select(0, idx_b), vd.index_select(0, idx_b)
+            S_b = torch.matmul(qd, kx.transpose(-1, -2)) * s
+            if mask is not None:
+                S_b = S_b.masked_fill(~mask, float("-inf"))
+            P = torch.nan_to_num(torch.exp(S_b - lse), nan=0.0, posinf=0.0)
         dP = torch.matmul(dod, vx.transpose(-1, -2))                    # dP = dO V^T
         Dr = (dod * O).sum(-1, keepdim=True)                            # D = rowsum(dO o O)
         if variant == "no_D":
@@ -197,7 +207,10 @@ def attention_grads(q, k, v, do, causal=False, scale=None, *, dtype=None, varian
         if variant == "dk_unscaled":
             dk_h = dk_h / s
         g = Hq // Hkv
-        if variant in ("gqa_first_head", "gqa_last_head"):               # one query head per group
+        if variant == "gqa_head_mod":                                   # summed into the head it was paired with
+            dk = torch.zeros_like(kd).index_add_(0, idx_b, dk_h)
+            dv = torch.zeros_like(vd).index_add_(0, idx_b, dv_h)
+        elif variant in ("gqa_first_head", "gqa_last_head"):             # one query head per group
             pick = 0 if variant == "gqa_first_head" else g - 1
             dk = dk_h.view(Hkv, g, Skv, D)[:, pick]
             dv = dv_h.view(Hkv, g, Skv, D)[:, pick]
@@ -243,6 +256,62 @@ VARIANTS = {
 }
 VARIANTS["lse_next_row_wrap"] = VARIANTS["lse_next_row"]
 
+
+def _span(what: str, a: int, b: int) -> str:
+    return f"{what} {a}" if a == b else f"{what}s {a}-{b}"
+
+
+def _gqa_head_mod_cause(Hq, Hkv, Sq, Skv, broken) -> str:
+    G = Hq // Hkv
+    group = f"query heads {G}j to {G}j + {G - 1}"
+    if broken == {"dq"}:
+        return (f"GQA: the dQ pass reads K and V of KV head h % Hkv for query head h; it must read KV head "
+                f"h // (Hq // Hkv) = h // {G}, as the forward does (the dK/dV pass is right)")
+    if "dq" not in broken:
+        return (f"GQA: the dK/dV pass sums KV head j's gradients over the query heads with h % Hkv = j; KV head j "
+                f"belongs to the query heads with h // (Hq // Hkv) = j, {group}, as in the forward (the dQ pass "
+                "is right)")
+    return (f"GQA: the backward pairs query head h with KV head h % Hkv, in both passes; query head h reads KV head "
+            f"h // (Hq // Hkv) = h // {G}, as in the forward: dQ of head h takes that head's K and V, and dK, dV "
+            f"of KV head j sum over {group}")
+
+
+def _top_left_is_no_mask(Sq, Skv) -> bool:
+    """Every row that sees a key (i >= Sq - Skv) has i >= Skv - 1: top-left shows it all Skv keys, as no mask."""
+    return Sq - Skv >= Skv - 1
+
+
+def _top_left_cause(Hq, Hkv, Sq, Skv, broken) -> str:
+    where = ("in both passes" if broken == {"dq", "dk", "dv"} else
+             "in the dQ pass (the dK/dV pass is right)" if broken == {"dq"} else
+             "in the dK/dV pass (the dQ pass is right)")
+    forward = f"the forward keeps j <= i + (Skv - Sq) = i {'+' if Skv >= Sq else '-'} {abs(Skv - Sq)} (bottom-right)"
+    if _top_left_is_no_mask(Sq, Skv):      # the same gradients: name both
+        head = (f"the causal mask is missing in the backward, or aligned top-left (j <= i), {where}: with "
+                f"Sq - Skv >= Skv - 1 both show every row that sees a key all {Skv} keys, where {forward}")
+    else:
+        head = f"the backward's causal mask is aligned top-left, {where}: it keeps keys j <= i, where {forward}"
+    if Sq < Skv:
+        hurt = f"P rebuilt in the backward misses the {Skv - Sq} keys past j = i that each query row saw"
+        dq = "every row of dQ is wrong"
+        dkdv = "dK and dV " + (f"lose those rows' terms at {_span('key', 1, Sq - 1)} and " if Sq > 1 else "") + \
+            f"get none at all (0) at {_span('key', Sq, Skv - 1)}"
+    else:
+        hurt = f"P rebuilt in the backward shows query row i the keys i - {Sq - Skv} < j <= i, which the forward hid"
+        dq = f"dQ is wrong at {_span('row', Sq - Skv, Sq - 2)}"
+        dkdv = f"dK and dV gain terms of rows that must not see them at {_span('key', 1, Skv - 1)}"
+    told = " and ".join(([dq] if "dq" in broken else []) + ([dkdv] if "dk" in broken else []))
+    return (f"{head}. {hurt}, so {told}. Keep key j for query i iff j <= i + (Skv - Sq) there, as the forward "
+            "does (and in its tile loops' bounds)")
+
+
+#: Mistakes whose cause depends on the shapes and on which pass holds them: variant -> (gradients it
+#: breaks, cause(Hq, Hkv, Sq, Skv, the gradients broken) -> the whole sentence, its pass named).
+SHAPED_VARIANTS = {
+    "gqa_head_mod": ({"dq", "dk", "dv"}, _gqa_head_mod_cause),
+    "top_left_backward": ({"dq", "dk", "dv"}, _top_left_cause),
+}
+
 #: The backward's two passes (FlashAttention-2): one computes dQ, the other dK and dV; a mistake can sit in
 #: either, and then breaks only that pass's gradients.
 PASSES = ({"dq"}, {"dk", "dv"})
@@ -255,26 +324,46 @@ def _variants_for(q, k, causal) -> list[str]:
         out += ["lse_next_row", "lse_next_row_wrap"]
     if Hq != Hkv:
         out += ["gqa_first_head", "gqa_last_head"]
-    if causal:
-        out += ["no_mask_backward", "diagonal_backward", "diagonal_plus_one_backward"]
+    if 1 < Hkv < Hq:            # with one KV head (MQA), h % Hkv is h // Hq: the right head
+        out += ["gqa_head_mod"]
+    Sq, Skv = q.shape[2], k.shape[2]
+    if causal:       # Sq == Skv (or Skv = 1): top-left is bottom-right; where it is no mask, one names both
+        alike = Sq > Skv > 1 and _top_left_is_no_mask(Sq, Skv)
+        out += ["top_left_backward" if alike else "no_mask_backward", "diagonal_backward", "diagonal_plus_one_backward"]
+        out += ["top_left_backward"] if Sq != Skv and Skv > 1 and not alike else []
     return out
 
 
-def backward_mistakes(q, k, v, do, causal, scale) -> list[Mistake]:
+#: Variants that pair the first group's query heads with other KV heads: formed on every head, then cut.
+_EVERY_HEAD = {"gqa_head_mod"}
+
+
+def backward_mistakes(q, k, v, do, causal, scale, *, first_group: bool = False) -> list[Mistake]:
     """Step 08's mistakes on these inputs: each variant made in the whole backward, or in one of its
-    two passes only (then the other pass's gradients are the reference's)."""
+    two passes only (then the other pass's gradients are the reference's). With ``first_group``, the
+    gradients of the first KV head and its group of query heads only (dq[:, :G], dk[:, :1], dv[:, :1])."""
     names = ("dq", "dk", "dv")
-    ref = functools.cache(lambda: dict(zip(names, attention_grads(q, k, v, do, causal, scale))))
+    Hq, Sq, Hkv, Skv = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    part_in = (q[:, :G], k[:, :1], v[:, :1], do[:, :G]) if first_group else (q, k, v, do)
+
+    def grads(variant=None):
+        if first_group and variant in _EVERY_HEAD:
+            dq, dk, dv = attention_grads(q, k, v, do, causal, scale, variant=variant)
+            return {"dq": dq[:, :G], "dk": dk[:, :1], "dv": dv[:, :1]}
+        return dict(zip(names, attention_grads(*part_in, causal, scale, variant=variant)))
+
+    ref = functools.cache(grads)
     out = []
     for variant in _variants_for(q, k, causal):
-        breaks, cause = VARIANTS[variant]
-        alt = functools.cache(lambda variant=variant: dict(zip(names, attention_grads(
-            q, k, v, do, causal, scale, variant=variant))))
-        out.append(Mistake(cause, alt, frozenset(breaks)))
+        breaks, cause = VARIANTS.get(variant) or SHAPED_VARIANTS[variant]
+        says = (lambda broken, cause=cause: cause(Hq, Hkv, Sq, Skv, broken)) if callable(cause) else None
+        alt = functools.cache(lambda variant=variant: grads(variant))
+        out.append(Mistake(says(breaks) if says else cause, alt, frozenset(breaks)))
         for part in PASSES:
             if breaks & part and breaks - part:
                 where = "dQ" if part == {"dq"} else "dK and dV"
-                out.append(Mistake(f"{cause} (in the pass that computes {where})",
+                out.append(Mistake(says(breaks & part) if says else f"{cause} (in the pass that computes {where})",
                                    lambda part=part, alt=alt: {n: (alt() if n in part else ref())[n] for n in names},
                                    frozenset(breaks & part)))
     return out
@@ -285,12 +374,13 @@ def _diagnose(wrong, grads, cmps, q, k, v, do, causal, scale) -> str:
     """The mistake whose gradients are the student's, for every wrong one; or what is wrong."""
     # told apart on the first batch and the first KV head's group of query heads (a mistake's gradients
     # are a full backward in float64: on all of them, a failing check of `large` spent more time here
-    # than in the kernel)
+    # than in the kernel; only GQA's interleaved heads, which pair the group with other KV heads, use them all)
     g = q.shape[1] // k.shape[1]
     sub = {"dq": grads["dq"][:1, :g], "dk": grads["dk"][:1, :1], "dv": grads["dv"][:1, :1]}
     # the rule's own tolerance, with the mistake's gradient as the reference: its rel_slack of max|ref| grows
     # with a mistake whose gradients are far larger (a float32 kernel's sums round at that scale)
-    found = find_mistake(sub, wrong, backward_mistakes(q[:1, :g], k[:1, :1], v[:1, :1], do[:1, :g], causal, scale),
+    found = find_mistake(sub, wrong, backward_mistakes(q[:1], k[:1], v[:1], do[:1], causal, scale,
+                                                       first_group=True),
                          lambda n, alt: cmps[n].allowed + REL_SLACK * max(0.0, max_abs(alt) - cmps[n].ref_max))
     if found is not None:
         return found.cause
