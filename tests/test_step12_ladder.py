@@ -111,7 +111,7 @@ def test_a_slow_world_is_not_a_stuck_one(monkeypatch):
     """Past its time limit a world whose ranks still use the CPU goes on (a loaded machine is slow, not
     deadlocked), from an allowance of seconds per process; once that is spent, a world still spinning
     stops, and the cause named is the work."""
-    from facourse import ring
+    from facourse import ring_ranks as ring
     monkeypatch.setattr(ring, "EXTRA_SECONDS", 3.0)
     monkeypatch.setattr(ring, "_extra_spent", 0.0)
     check_ring(_spinning(2.0, _rung(SOLUTION).ring_attention), "w2_causal", timeout=1, verbose=False)
