@@ -1,6 +1,7 @@
 """Step 13's measurements: the course's own kernels under Nsight Compute, one process per target.
 
     PYTHONPATH=src:. python -m benchmarks.counters --out DIR [--targets NAME,...]
+    PYTHONPATH=src:. python -m benchmarks.counters --out DIR --from-raw RUN/ncu_raw.json   # KEEP changed, no GPU
 
 Each target (``TARGETS``: a ladder rung on a configuration, an SDPA backend, or a calibration kernel for the
 roofs) runs in its own process under ``ncu``: warm-up calls first (compilation, autotuning), then one call
@@ -56,6 +57,7 @@ TARGETS = {
     "13_v2": ("13", "v2_eight_warps", "large"),
     "13_v3": ("13", "v3_pipelined", "large"),
     "13_v4": ("13", "v4_causal_split", "large"),
+    "13_v5": ("13", "v5_two_programs", "large"),
     "sdpa_flash": ("sdpa", "FLASH_ATTENTION", "large"),
     "sdpa_cudnn": ("sdpa", "CUDNN_ATTENTION", "large"),
 }
@@ -64,7 +66,7 @@ KEEP = re.compile(r"^(Kernel Name|Block Size|Grid Size|launch__(registers_per_th
                   r"occupancy_limit_|waves_per|cluster_size|sm_count)|sm__maximum_warps_per_active_cycle_pct|"
                   r"sm__warps_active\.avg\.pct_of_peak_sustained_active|gpu__time_duration\.sum|"
                   r"(sm|dram)__cycles_elapsed\.avg\.per_second|sm__cycles_active\.avg$|dram__bytes\.sum\.(per_second|peak_sustained)|"
-                  r"sm__ops_path_tensor_src_(fp16|bf16|fp8|tf32)\.sum(\.peak_sustained)?$|"
+                  r"sm__ops_path_tensor_src_(fp16|bf16_dst_fp32|fp8_sparsity_off|tf32_dst_fp32)\.sum(\.peak_sustained)?$|"
                   r"(sm__throughput|gpu__compute_memory_throughput|gpu__dram_throughput)\.avg\.pct_of_peak_sustained_elapsed|"
                   r"sm__pipe_tensor_cycles_active\.avg\.pct_of_peak_sustained_active|"
                   r"smsp__average_warps_issue_stalled_.*_per_issue_active|smsp__issue_active\.avg\.pct_of_peak_sustained_active|"
@@ -267,9 +269,13 @@ def main(argv=None) -> None:
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--one")
     ap.add_argument("--proton", action="store_true", help="Triton's profiler instead of ncu (PROTON_TARGETS)")
+    ap.add_argument("--from-raw", type=Path, help="rebuild DIR/ncu_profile.json from a run's ncu_raw.json (KEEP changed)")
     a = ap.parse_args(argv)
     if a.one:
         return run_one(a.one)
+    if a.from_raw:
+        a.out.mkdir(parents=True, exist_ok=True)
+        return write_profile(json.loads(a.from_raw.read_text()), a.out)
     if a.proton:
         a.out.mkdir(parents=True, exist_ok=True)
         d = proton_run([n for n in PROTON_TARGETS if n in a.targets.split(",")], a.out)
@@ -300,13 +306,20 @@ def main(argv=None) -> None:
                      "builds_s": builds, "wall_s": round(time.time() - t0, 1)},
          "env": env_info(), "targets": targets}
     (a.out / "ncu_raw.json").write_text(json.dumps(d))
+    write_profile(d, a.out)
+
+
+def write_profile(d: dict, out: Path) -> None:
+    """DIR/ncu_profile.json from a raw run (``d``, changed in place): the device, the units and the metrics in
+    ``KEEP``; then the table."""
+    targets = d["targets"]
     first = next((t["kernels"][0] for t in targets if t.get("kernels")), {})
     d["device"] = {k[len("device__attribute_"):]: v for k, v in first.items() if DEVICE.match(k)}
     d["units"] = {k: u for t in targets for kk in t.get("kernels", []) for k, u in kk.get("_units", {}).items()
                   if KEEP.match(k)}
     for t in targets:
         t["kernels"] = [{k: v for k, v in kk.items() if KEEP.match(k)} for kk in t.get("kernels", [])]
-    (a.out / "ncu_profile.json").write_text(json.dumps(d, indent=1))
+    (out / "ncu_profile.json").write_text(json.dumps(d, indent=1))
     print(f"\n{'target':12} {'kernel':44} {'us':>9} {'regs':>5} {'smem':>7} {'occ.lim r/s/w/b':>16} "
           f"{'DRAM GB/s':>9} {'SM%':>5}")
     for t in targets:

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from facourse import results as R  # noqa: E402
-from facourse.profiling import compact_run, summary_table  # noqa: E402
+from facourse.profiling import compact_run, rung_table, summary_table  # noqa: E402
 
 RESULTS = HERE / "results"
 README = HERE / "README.md"
@@ -74,7 +74,7 @@ def newest_with_methods(step: str) -> tuple[str, dict] | None:
 def measured() -> dict:
     """course/results/measured.json: what the lectures show, from the committed results."""
     out = {}
-    for step in ("05", "06", "07", "08", "09", "10", "12", "15"):
+    for step in ("05", "06", "07", "08", "09", "10", "12", "13", "15"):
         try:
             name, d = latest(step)
         except FileNotFoundError:
@@ -86,6 +86,8 @@ def measured() -> dict:
                 out[step]["rungs"][r["name"]]["verdict"] = r["verdict"]
     if profiles := sorted(RESULTS.glob("*_step13_ncu.json")):     # benchmarks/counters.py: Nsight Compute's records
         out["13_ncu"] = compact_run(json.loads(profiles[-1].read_text()), f"benchmarks/results/{profiles[-1].name}")
+    if ladder := sorted(RESULTS.glob("*_step13_ladder_ncu.json")):  # counters.py on step 13's slow ladder
+        out["13_ladder_ncu"] = compact_run(json.loads(ladder[-1].read_text()), f"benchmarks/results/{ladder[-1].name}")
     if protons := sorted(RESULTS.glob("*_step13_proton.json")):   # benchmarks/counters.py --proton
         out["13_proton"] = {"source": f"benchmarks/results/{protons[-1].name}", **json.loads(protons[-1].read_text())}
     if m := newest_with_methods("10"):
@@ -247,6 +249,12 @@ TABLES = {
                               f"{_m('13_ncu')['env']['date']}, {_m('13_ncu')['profile']['tool']}, clocks locked to base; "
                               f"roofs measured in the same run: GEMM {_m('13_ncu')['roofs']['tflops']} TFLOP/s, copy "
                               f"{_m('13_ncu')['roofs']['gbps']} GB/s."),
+    "step13_ladder": lambda: R.ladder_table(_m("13")),
+    "step13_ladder_source": lambda: source("13"),
+    "step13_ladder_ncu": lambda: rung_table(_m("13_ladder_ncu")),
+    "step13_ladder_ncu_source": lambda: (f"Source: `{_m('13_ladder_ncu')['source'].removeprefix('benchmarks/')}`. "
+                                         f"{_m('13_ladder_ncu')['env']['gpu']}, {_m('13_ladder_ncu')['env']['date']}, "
+                                         f"{_m('13_ladder_ncu')['profile']['tool']}, clocks locked to base."),
     "step15": lambda: R.table(_m("15")),
     "step15_source": lambda: source("15"),
 }

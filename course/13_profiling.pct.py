@@ -23,7 +23,7 @@
 #   FlashAttention kernels run with few warps on purpose;
 # - warp stall reasons, and Little's law, which ties them to occupancy;
 # - a roofline whose roofs were measured in the same run, and how much of the tensor cores' work was useful;
-# - what to look at first when your own kernel is slow.
+# - what to look at first when your own kernel is slow, tried on a slow kernel made fast one counter at a time.
 #
 # **Sources followed.** NVIDIA, *Nsight Compute Kernel Profiling Guide*: kernel replay, clock and cache
 # control, the metrics' structure and naming, the Speed of Light, Occupancy and Warp State Statistics
@@ -45,6 +45,7 @@ from collections import defaultdict
 
 from facourse.configs import CONFIGS
 from facourse.decode import get_decode_case
+from facourse import results
 from facourse.profiling import OCCUPANCY_GPU, load_run, records_table
 
 CPU_START = time.perf_counter()
@@ -523,7 +524,88 @@ for name, f in ROWS.items():
 #    More warps help only if $L$ does not grow with them.
 # 7. Change one thing, profile again, keep it only if the duration fell.
 #
-# ## 8. Proton: the same kernels from inside Triton
+# ## 8. A slow kernel made fast: step 13's own ladder
+#
+# Section 7 read counters that a good change moved. The other way round is the one you will need: a slow
+# kernel, and counters that point at what is wrong. `solutions/13_profiling/ladder/v0_slow.py` is step 05's
+# kernel with four defects, each of a kind met in real code, and each leaving its mark in one counter:
+#
+# | defect in v0 | what it costs | the counter that shows it | removed in |
+# |---|---|---|---|
+# | Q, K, V and P cast to fp32 before `tl.dot` | TF32 runs the tensor cores at half the fp16 rate, operands twice the bytes | tensor ops of source type `tf32`, not `fp16` | v1 |
+# | 128 x 128 tiles on 4 warps | S and the accumulator of 128 rows in 128 threads exceed 255 registers: ptxas spills to local memory | `derived__local_spilling_requests`; the long-scoreboard stall | v2 (8 warps) |
+# | one pipeline stage | each K and V tile loads, then is used: no load in flight under the dots | the long-scoreboard stall | v3 (128 x 64, 3 stages) |
+# | every key tile visited and masked | on causal `large`, half the tensor work is thrown away | executed tensor ops over the course's FLOPs (useful 0.5) | v4 |
+#
+# and v5 changes the tiles once more, for a reason section 4 prepares: v4's program of 128 query rows on 8
+# warps holds an SM alone (128 KiB of shared memory at 3 stages), so all its warps wait at the same barriers;
+# two programs of 64 rows on 4 warps each hold as many warps and run out of step.
+#
+# Both runs below are committed: the ladder runner's timings (the course's bench, against FA2, the rungs on
+# `large` and `long`) and one Nsight Compute run of the six rungs and FA2 on `large`.
+
+# %%
+LADDER = results.load("13")                  # python -m benchmarks.ladder 13
+LNCU = results.load("13_ladder_ncu")         # python -m benchmarks.counters --targets copy,gemm,sdpa_flash,13_v0,...
+print(f"bench: {LADDER['source']} ({LADDER['env']['gpu']}, {LADDER['env']['date']}); "
+      f"counters: {LNCU['source']} ({LNCU['env']['gpu']}, {LNCU['env']['date']})")
+TENSOR = {"fp16": "sm__ops_path_tensor_src_fp16.sum", "tf32": "sm__ops_path_tensor_src_tf32_dst_fp32.sum"}
+
+
+def bench_row(rung, config):
+    """The ladder run's row of ``rung`` on ``config`` (fp16) against FA2."""
+    return next(r for r in LADDER["rows"] if r["rung"] == rung and r["config"] == config
+                and r["dtype"] == "float16" and r["ref_backend"] == "FLASH_ATTENTION")
+
+
+print(f"{'rung':17s}{'large':>8s}{'vs FA2':>8s}{'long':>8s}{'vs FA2':>8s}   "
+      f"{'us':>6s}{'type':>5s}{'useful':>7s}{'regs':>5s}{'spills (1e6)':>13s}{'progs/SM':>9s}"
+      f"{'tensor %':>9s}{'issue %':>8s}{'long_sb':>8s}")
+for k in LNCU["kernels"]:
+    if k["step"] != "13":
+        continue
+    rung = k["rung"]
+    lg, ln = bench_row(rung, "large"), bench_row(rung, "long")
+    kind = max(TENSOR, key=lambda t: k.get(TENSOR[t]) or 0)
+    print(f"{rung:17s}{lg['tflops']:8.0f}{lg['ratio']:7.2f}x{ln['tflops']:8.0f}{ln['ratio']:7.2f}x   "
+          f"{k['gpu__time_duration.sum'] / 1e3:6.0f}{kind:>5s}{k['work'] / k[TENSOR[kind]]:7.2f}"
+          f"{k['launch__registers_per_thread']:5d}{k['derived__local_spilling_requests'] / 1e6:13.1f}"
+          f"{min(k[f'launch__occupancy_limit_{x}'] for x in LIMITS):9d}"
+          f"{k['sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active']:9.0f}"
+          f"{k['smsp__issue_active.avg.pct_of_peak_sustained_active']:8.0f}"
+          f"{k['smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio']:8.2f}")
+fa2 = next(k for k in LNCU["kernels"] if k["target"] == "sdpa_flash")
+print(f"{'FA2 (SDPA)':17s}{'':40s}{fa2['gpu__time_duration.sum'] / 1e3:6.0f}{'fp16':>5s}"
+      f"{fa2['work'] / fa2[TENSOR['fp16']]:7.2f}{fa2['launch__registers_per_thread']:5d}"
+      f"{fa2['derived__local_spilling_requests'] / 1e6:13.1f}{min(fa2[f'launch__occupancy_limit_{x}'] for x in LIMITS):9d}"
+      f"{fa2['sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active']:9.0f}"
+      f"{fa2['smsp__issue_active.avg.pct_of_peak_sustained_active']:8.0f}"
+      f"{fa2['smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio']:8.2f}")
+
+# %% [markdown]
+# Read it rung by rung, as in section 7, asking which counter moved (the bench's TFLOP/s on the left, the
+# counters of one ncu run on `large` on the right):
+#
+# - **v0 to v1, fp16 dots.** The tensor ops change type, TF32 to fp16, at the same count, and `large` runs about
+#   four times faster (22 to 87 TFLOP/s): TF32 runs the tensor cores at half the fp16 rate, and its fp32
+#   operands doubled the bytes each tile moved. The spill requests remain (255 registers a thread), and v1 is
+#   still at 0.29x FA2.
+# - **v1 to v2, 8 warps.** The same tiles over twice the threads: 222 registers a thread and no spill request
+#   left; 117 TFLOP/s. Occupancy did not rise: v1 fit two programs of 4 warps an SM, v2 one of 8.
+# - **v2 to v3, three stages.** The long-scoreboard stall falls to about a quarter: the next K and V tiles are
+#   in flight while the dots run. 143 TFLOP/s on `large`, 322 on `long` (0.89x FA2), where no tile is masked.
+# - **v3 to v4, the causal split.** The useful share goes from 0.50 to 0.94: on causal `large` half the tensor
+#   work was thrown away by the mask. 1.9x v3 on `large`; non-causal `long` does not move.
+# - **v4 to v5, two programs an SM.** The same warps per scheduler (two) and the same theoretical occupancy,
+#   yet more of them eligible, the issue rate and the tensor pipe's busy share up, the barrier and `wait`
+#   stalls down (the long-scoreboard stall grows, a smaller cost than what the others gave). Each program's
+#   4 warps wait at their own barriers, so one program's softmax overlaps the other's dots. 344 TFLOP/s on
+#   `large`, 1.13x FA2, and 1.03-1.18x over the 4k-16k sweep: step 05's v3, reached from the other end.
+#
+# FA2's own kernel (the last row) spills too, an order of magnitude less than v1, and keeps its tensor pipe
+# busier than any rung: a counter names a suspect, and the duration says whether removing it paid.
+#
+# ## 9. Proton: the same kernels from inside Triton
 #
 # Triton ships its own profiler, Proton (`triton.profiler`). Its default backend is CUPTI, the same
 # library ncu is built on, used the other way round: no replay and no locked clocks, every kernel of the
@@ -551,8 +633,6 @@ for name, f in ROWS.items():
 # not necessarily the same card: read the last column as a tool's effect, not a measured constant.
 
 # %%
-from facourse import results
-
 PROTON = results.load("13_proton")
 if PROTON is None:
     print("No Proton run is committed (course/results/measured.json has no \"13_proton\").")
@@ -609,6 +689,9 @@ for t in present("09_v4", "05_v6"):
 # - On a roofline measured in the same run (a GEMM and a copy), the attention forwards sit right of the
 #   ridge, below the compute roof; decode left of it, at the memory roof; the useful share counts the
 #   masked and padded tiles the tensor cores computed anyway.
+# - A slow kernel made fast: TF32 dots show in the tensor ops' type, spills in the spill requests, loads not in
+#   flight in the long-scoreboard stall, masked work in the useful share, and one program an SM in few eligible
+#   warps at the same occupancy; each fix is kept because the duration fell.
 # - Proton, Triton's profiler, times the same kernels as the program runs them (scopes with FLOPs, PC-sampled
 #   stall reasons): cheap enough to leave on, where ncu's replay is for one kernel at a time.
 #

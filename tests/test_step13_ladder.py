@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, computed_once, this_run
 from facourse.cuda_build import find_cuobjdump
 
-RUNGS = ("v0_slow", "v1_fp16_dots", "v2_eight_warps", "v3_pipelined", "v4_causal_split")
+RUNGS = ("v0_slow", "v1_fp16_dots", "v2_eight_warps", "v3_pipelined", "v4_causal_split", "v5_two_programs")
 SM90_SMEM, SM80_SMEM = 227 * 1024, 163 * 1024          # the per-block opt-in limits (tests/test_triton_targets.py)
 
 _DRIVER = r"""
@@ -74,15 +74,18 @@ def test_compiled_here_as_ncu_measured_on_a_gpu(facts):
 
 def test_each_rung_removes_its_defect(facts):
     f = [facts[r] for r in RUNGS]
-    assert [x["tf32"] for x in f] == [True, False, False, False, False], f
+    assert [x["tf32"] for x in f] == [True, False, False, False, False, False], f
     assert f[0]["stack"] > 0 and f[1]["stack"] > 0, "128 x 128 tiles on 4 warps spill (to the stack)"
-    assert [x["stack"] for x in f[2:]] == [0, 0, 0], f
+    assert [x["stack"] for x in f[2:]] == [0, 0, 0, 0], f
     assert all(x["wgmma"] for x in f), "every rung runs its dots on Hopper's tensor cores"
     assert all(x["shared"] <= SM90_SMEM for x in f), f
     assert all(x["shared"] <= SM80_SMEM for x in f[3:]), "the solution's tiles fit an A100 too"
+    one, two = f[4], f[5]                  # v4 holds an SM alone; v5 fits two programs of 4 warps an SM
+    assert 2 * (two["shared"] + 1024) <= SM90_SMEM + 1024 < 2 * (one["shared"] + 1024), (one, two)
+    assert 2 * 128 * two["registers"] <= 65536 < 2 * 256 * one["registers"], (one, two)
 
 
-@pytest.mark.parametrize("rung", ["v0_slow", "v4_causal_split"])
+@pytest.mark.parametrize("rung", ["v0_slow", "v5_two_programs"])
 def test_rung_is_correct_in_the_interpreter(rung):
     from benchmarks.rungs import entry_point
     from facourse import check_entry_point

@@ -39,6 +39,10 @@ OCCUPANCY_GPU = {"max_registers_per_multiprocessor": 65536, "num_schedulers_per_
 #: The shared-memory carve-outs an sm_90 SM can be configured with (bytes): ncu's launch__shared_mem_config_size.
 CARVEOUTS_KB = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
 ROOF_KEYS = ("gpu__time_duration.sum", "dram__bytes.sum.per_second", "sm__ops_path_tensor_src_fp16.sum", "work")
+#: the tensor cores' executed operations by source type (ncu names bf16 and tf32 with their fp32 destination)
+TENSOR_OPS = {"fp16": "sm__ops_path_tensor_src_fp16.sum", "bf16": "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+              "tf32": "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
+              "fp8": "sm__ops_path_tensor_src_fp8_sparsity_off.sum"}
 REL_TOL = 1e-6
 
 OCCUPANCY_CASES = {
@@ -74,7 +78,7 @@ def compact_run(d: dict, source: str) -> dict:
     kernels = []
     for t in d["targets"]:
         ks = t.get("kernels", [])
-        main = ks if len(ks) == 1 else [k for k in ks if k.get("sm__ops_path_tensor_src_fp16.sum")]
+        main = ks if len(ks) == 1 else [k for k in ks if any(k.get(m) for m in TENSOR_OPS.values())]
         for k in ks:
             row = {"target": t["target"], "step": t["step"], "rung": t["rung"], "config": t["config"], **k}
             if t["flops"] and len(main) == 1 and k is main[0]:
@@ -139,6 +143,28 @@ def summary_table(d: dict | None = None) -> str:
                     f"{r['sm__throughput.avg.pct_of_peak_sustained_elapsed']:.0f} | "
                     f"{r['dram__bytes.sum.per_second'] / 1e9:.0f} | {r['sm__maximum_warps_per_active_cycle_pct']:.0f}% / "
                     f"{r['sm__warps_active.avg.pct_of_peak_sustained_active']:.0f}% | {lim} | {useful} |")
+    return "\n".join(rows)
+
+
+def rung_table(d: dict) -> str:
+    """Markdown: step 13's slow ladder under ncu, a rung a row (the counter each rung's defect shows)."""
+    rows = ["| target | rung | us | TFLOP/s | registers | spill requests | shared KB | programs an SM | tensor ops: "
+            "type, useful | tensor pipe active % | issue active % | long-scoreboard stall / issue |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in d["kernels"]:
+        if r["step"] not in ("13", "sdpa") or r["gpu__time_duration.sum"] < 1e4:
+            continue
+        ops = {t: r.get(m) or 0 for t, m in TENSOR_OPS.items()}
+        kind = max(ops, key=ops.get)
+        useful = f"{kind}, {r['work'] / ops[kind]:.2f}" if r.get("work") and ops[kind] else "—"
+        programs = min(int(r[f"launch__occupancy_limit_{x}"]) for x in LIMITS)
+        rows.append(f"| {r['target']} | {r['rung']} | {r['gpu__time_duration.sum'] / 1e3:.0f} | "
+                    + (f"{r['work'] / r['gpu__time_duration.sum'] / 1e3:.0f}" if r.get("work") else "—")
+                    + f" | {r['launch__registers_per_thread']} | {r.get('derived__local_spilling_requests', 0):,} | "
+                    f"{r['launch__shared_mem_per_block_dynamic'] / 1024:.0f} | {programs} | {useful} | "
+                    f"{r['sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active']:.0f} | "
+                    f"{r['smsp__issue_active.avg.pct_of_peak_sustained_active']:.0f} | "
+                    f"{r['smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio']:.2f} |")
     return "\n".join(rows)
 
 

@@ -1,7 +1,8 @@
 """v0: the slow kernel exercise 13 hands out: step 05's FlashAttention-2 forward with four defects, each
 one a counter of lecture 13 shows.
 
-v0 verdict: not measured yet (benchmarks/counters.py targets 13_v0-13_v4 and benchmarks/ladder.py 13).
+v0 verdict: four defects: 22 TFLOP/s on large (0.07x FA2), 45 on long (0.13x) (H200,
+benchmarks/results/2026-12-05_h200_step13.json).
 
 The kernel is step 05's ``step05_kernel.attn_fwd`` (shared by step 05's v2-v6); this rung's switches and
 launch, and the counter each defect should show:
@@ -18,8 +19,8 @@ launch, and the counter each defect should show:
 
 Each later rung removes one: v1 fp16 dots, v2 8 warps (no spills), v3 128 x 64 tiles and 3 stages (K and V
 loads in flight; 128 x 128 with 3 stages needs 224 KB of shared memory, the H100's opt-in limit less 3 KB,
-and no sm_80), v4 the causal split (step 05's v3 idea). Registers, spills and shared memory of each are
-compile-time facts, checked on a CPU (tests/test_step13_ladder.py).
+and no sm_80), v4 the causal split (step 05's v3 idea), v5 two programs an SM (step 05's tiles). Registers,
+spills and shared memory of each are compile-time facts, checked on a CPU (tests/test_step13_ladder.py).
 
 Run on its own:  python v0_slow.py   (TRITON_INTERPRET=1 on a machine without a GPU)
 """

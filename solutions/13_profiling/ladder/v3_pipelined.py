@@ -1,6 +1,7 @@
 """v3: v2 with 128 x 64 tiles and 3 stages: the next K and V tiles load while this one's dots run.
 
-v3 verdict: not measured yet (benchmarks/counters.py and benchmarks/ladder.py 13).
+v3 verdict: K and V loads in flight: 143 TFLOP/s on large (0.47x FA2), 322 on long (0.89x) (H200,
+benchmarks/results/2026-12-05_h200_step13.json).
 
 The kernel and its defects: v0_slow.py. Run on its own:  python v3_pipelined.py   (TRITON_INTERPRET=1 without a GPU)
 """
