@@ -561,26 +561,24 @@ def bench_row(rung, config):
 print(f"{'rung':17s}{'large':>8s}{'vs FA2':>8s}{'long':>8s}{'vs FA2':>8s}   "
       f"{'us':>6s}{'type':>5s}{'useful':>7s}{'regs':>5s}{'spills (1e6)':>13s}{'progs/SM':>9s}"
       f"{'tensor %':>9s}{'issue %':>8s}{'long_sb':>8s}")
-for k in LNCU["kernels"]:
-    if k["step"] != "13":
-        continue
-    rung = k["rung"]
-    lg, ln = bench_row(rung, "large"), bench_row(rung, "long")
+def counters(k):
+    """One kernel's columns of the table: duration, tensor ops' type and useful share, registers, spills,
+    programs an SM, tensor pipe and issue busy, long-scoreboard stall."""
     kind = max(TENSOR, key=lambda t: k.get(TENSOR[t]) or 0)
-    print(f"{rung:17s}{lg['tflops']:8.0f}{lg['ratio']:7.2f}x{ln['tflops']:8.0f}{ln['ratio']:7.2f}x   "
-          f"{k['gpu__time_duration.sum'] / 1e3:6.0f}{kind:>5s}{k['work'] / k[TENSOR[kind]]:7.2f}"
-          f"{k['launch__registers_per_thread']:5d}{k['derived__local_spilling_requests'] / 1e6:13.1f}"
-          f"{min(k[f'launch__occupancy_limit_{x}'] for x in LIMITS):9d}"
-          f"{k['sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active']:9.0f}"
-          f"{k['smsp__issue_active.avg.pct_of_peak_sustained_active']:8.0f}"
-          f"{k['smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio']:8.2f}")
-fa2 = next(k for k in LNCU["kernels"] if k["target"] == "sdpa_flash")
-print(f"{'FA2 (SDPA)':17s}{'':40s}{fa2['gpu__time_duration.sum'] / 1e3:6.0f}{'fp16':>5s}"
-      f"{fa2['work'] / fa2[TENSOR['fp16']]:7.2f}{fa2['launch__registers_per_thread']:5d}"
-      f"{fa2['derived__local_spilling_requests'] / 1e6:13.1f}{min(fa2[f'launch__occupancy_limit_{x}'] for x in LIMITS):9d}"
-      f"{fa2['sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active']:9.0f}"
-      f"{fa2['smsp__issue_active.avg.pct_of_peak_sustained_active']:8.0f}"
-      f"{fa2['smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio']:8.2f}")
+    return (f"{k['gpu__time_duration.sum'] / 1e3:6.0f}{kind:>5s}{k['work'] / k[TENSOR[kind]]:7.2f}"
+            f"{k['launch__registers_per_thread']:5d}{k['derived__local_spilling_requests'] / 1e6:13.1f}"
+            f"{min(k[f'launch__occupancy_limit_{x}'] for x in LIMITS):9d}"
+            f"{k['sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active']:9.0f}"
+            f"{k['smsp__issue_active.avg.pct_of_peak_sustained_active']:8.0f}"
+            f"{k['smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio']:8.2f}")
+
+
+for k in LNCU["kernels"]:
+    if k["step"] == "13":
+        lg, ln = bench_row(k["rung"], "large"), bench_row(k["rung"], "long")
+        print(f"{k['rung']:17s}{lg['tflops']:8.0f}{lg['ratio']:7.2f}x{ln['tflops']:8.0f}{ln['ratio']:7.2f}x   "
+              + counters(k))
+print(f"{'FA2 (SDPA)':17s}{'':40s}" + counters(next(k for k in LNCU["kernels"] if k["target"] == "sdpa_flash")))
 
 # %% [markdown]
 # Read it rung by rung, as in section 7, asking which counter moved (the bench's TFLOP/s on the left, the
