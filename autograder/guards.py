@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import secrets
 import sys
 
@@ -108,8 +109,8 @@ def _softmax_dim(args, kwargs, aten: bool):
 class _Watch:
     """Shared state of one guarded call: the score shape, what was seen, whether softmax is allowed."""
 
-    def __init__(self, name: str, skv: int, allow_softmax: bool, forbid_matmul: bool = False, kv=None, budget=None,
-                 forbid_exp: bool = False):
+    def __init__(self, name: str, skv: int | set, allow_softmax: bool, forbid_matmul: bool = False, kv=None,
+                 budget=None, forbid_exp: bool = False):
         self.name, self.skv, self.allow_softmax = name, skv, allow_softmax
         self.forbid_matmul, self.forbid_exp = forbid_matmul, forbid_exp
         self.violations: list[str] = []
@@ -154,8 +155,9 @@ class _Watch:
             width = x.shape[dim]
         except (IndexError, TypeError):
             return
-        if self.skv > MIN_KEYS and width == self.skv:
-            self.flag(f"{api} over all {self.skv} keys", _SOFTMAX_CAUSE.format(skv=self.skv))
+        widths = self.skv if isinstance(self.skv, (set, frozenset)) else {self.skv}
+        if width > MIN_KEYS and width in widths:
+            self.flag(f"{api} over all {width} keys", _SOFTMAX_CAUSE.format(skv=width))
 
 
 class _Watching:
@@ -249,7 +251,7 @@ class MatmulFlops(_LazyDynamoMode):
 
 
 @contextlib.contextmanager
-def framework_attention_forbidden(name: str = "the entry point", skv: int = 0,
+def framework_attention_forbidden(name: str = "the entry point", skv: int | set = 0,
                                   allow_softmax: bool = False, forbid_matmul: bool = False, kv=None, budget=None,
                                   forbid_exp: bool = False):
     """While the block runs, PyTorch's attention (and a softmax over all ``skv`` keys unless
@@ -369,8 +371,21 @@ def kernels_read_inputs(name: str, inputs: dict):
         raise CheatDetected(f"[anti-cheat] {name}: {what}: {_NO_TRITON_CAUSE}")
 
 
+def _key_lengths(fn, name: str, args: tuple, kwargs: dict) -> set:
+    """The keys each sequence's rows see, from the argument ``name`` of the call (packed and paged layouts,
+    whose k.shape[-2] is no row's width): ``cu_seqlens_k``'s differences, or ``seq_lens`` itself."""
+    try:
+        t = inspect.signature(fn).bind_partial(*args, **kwargs).arguments.get(name)
+    except (TypeError, ValueError):
+        return set()
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.is_floating_point():
+        return set()
+    lens = t.diff() if name.startswith("cu_") else t
+    return {int(n) for n in lens.tolist()}
+
+
 def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: bool = False,
-                               forbid_kv_copies: bool = False, require_triton: int = 0):
+                               forbid_kv_copies: bool = False, require_triton: int = 0, key_lengths: str = ""):
     """``fn`` wrapped so that it may not call PyTorch's attention while it runs (see module doc).
 
     Step 01 (vanilla attention) passes ``allow_softmax=True``: it may use ``torch.softmax`` but not
@@ -380,6 +395,8 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
     ``require_triton`` (steps 05, 08-10, 15, whose exercise is a Triton kernel): that many of the call's first
     tensor arguments (3: q, k, v; 4, dO too: step 08's forward and backward in one call) must each reach a Triton
     kernel's arguments, as they are or as data derived from them (``kernels_read_inputs``).
+    ``key_lengths`` (steps 09 and 15: packed or paged K and V) names the argument that gives each sequence's
+    keys (``cu_seqlens_k`` or ``seq_lens``): a softmax over that many keys is a whole row too.
     Step 05 adds ``forbid_kv_copies=True``: GQA is the kernel's (query head h reads KV head h // G), so
     a call that makes K or V larger (one copy per query head, around a multi-head kernel such as the
     lecture's) raises, and so does one that allocates more than its outputs (o, lse) and one copy of
@@ -390,6 +407,8 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
     @functools.wraps(fn)
     def guarded(q, k, v, *args, **kwargs):
         skv = k.shape[-2] if isinstance(k, torch.Tensor) and k.dim() >= 2 else 0
+        if key_lengths:
+            skv = _key_lengths(fn, key_lengths, (q, k, v, *args), kwargs)
         kv = budget = None
         if forbid_kv_copies and all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             nbytes = lambda t: t.untyped_storage().nbytes()                    # noqa: E731

@@ -240,7 +240,7 @@ def _step08() -> dict[str, Test]:
 
 
 def _step09() -> dict[str, Test]:
-    guard = _TRITON_KERNEL
+    guard = {**_TRITON_KERNEL, "key_lengths": "seq_lens"}         # a softmax over a sequence's keys: a whole row
     t = functools.partial(_on_cases, "paged", guard)
     tests = {
         "test_mixed": t("mixed"),           # the speculative case is test_spec's alone: one mistake, one test
@@ -350,9 +350,10 @@ def _step14() -> dict[str, Test]:
 
 
 def _step15() -> dict[str, Test]:
-    guard = _TRITON_KERNEL
+    guard = {**_TRITON_KERNEL, "key_lengths": "cu_seqlens_k"}     # a softmax over a sequence's keys: a whole row
+    paged = {**_TRITON_KERNEL, "key_lengths": "seq_lens"}
     v = functools.partial(_on_cases, "varlen", guard)
-    p = functools.partial(_on_cases, "paged_prefill", guard)
+    p = functools.partial(_on_cases, "paged_prefill", paged)
     return {
         # the same batch with logits in the hundreds: an exponential that skips the running max overflows
         "test_packed": Test((Check("varlen", {"case": "packed"}), Check("varlen", {"case": "packed", "logit_scale": 64.0}),
@@ -362,7 +363,7 @@ def _step15() -> dict[str, Test]:
         "test_empty_rows": v("empty_rows"),
         "test_gqa_d64": v("mqa", "d64"),
         "test_chunks": Test((Check("paged_prefill", {"case": "chunks"}),
-                             Check("paged_prefill", {"case": "chunks", "scale": 0.05})), guard=guard),
+                             Check("paged_prefill", {"case": "chunks", "scale": 0.05})), guard=paged),
         "test_page48": p("page48"),
         "test_shared_prefix": p("shared_prefix"),
         "test_paged_d64": p("paged_d64"),

@@ -99,6 +99,38 @@ def test_softmax_over_all_keys_is_caught_from_step_04_only():
     check_entry_point(forbid_framework_attention(tiled), "ragged")
 
 
+def _per_sequence_softmax(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                          scale=None):
+    """Packed varlen attention with one softmax over each sequence's keys (vanilla attention, sequence by
+    sequence): the rows' width is a sequence's length, never k.shape[-2] (the KV heads)."""
+    o = torch.zeros_like(q)
+    G = q.shape[1] // k.shape[1]
+    for b in range(len(cu_seqlens_q) - 1):
+        qs, ks = slice(cu_seqlens_q[b], cu_seqlens_q[b + 1]), slice(cu_seqlens_k[b], cu_seqlens_k[b + 1])
+        kb, vb = (x[ks].repeat_interleave(G, 1).transpose(0, 1) for x in (k, v))
+        p = torch.softmax(q[qs].transpose(0, 1) @ kb.transpose(1, 2) * (scale or q.shape[-1] ** -0.5), dim=-1)
+        o[qs] = (p @ vb).transpose(0, 1)
+    return o
+
+
+def test_a_softmax_over_one_sequences_keys_is_a_whole_row():
+    """Packed and paged layouts: the guard reads each sequence's key count from the argument it is told
+    (cu_seqlens_k's differences, or seq_lens), and a softmax of that width is a whole row."""
+    cu = torch.tensor([0, 70, 170], dtype=torch.int32)                    # sequences of 70 and 100 tokens
+    q, k, v = torch.randn(170, 4, 16), torch.randn(170, 2, 16), torch.randn(170, 2, 16)
+    args = (q, k, v, cu, cu, 100, 100)
+    forbid_framework_attention(_per_sequence_softmax)(*args)              # k.shape[-2] is 2: nothing to see
+    with pytest.raises(CheatDetected, match="softmax over all 70 keys"):
+        forbid_framework_attention(_per_sequence_softmax, key_lengths="cu_seqlens_k")(*args)
+
+    def paged(q, k_cache, v_cache, block_table, seq_lens, scale=None):   # seq_lens counts the keys itself
+        return torch.softmax(torch.randn(4, int(seq_lens.max())), dim=-1)
+    lens = torch.tensor([30, 90])
+    forbid_framework_attention(paged, key_lengths="seq_lens")(q, k, v, None, lens[:1])     # 30 <= MIN_KEYS
+    with pytest.raises(CheatDetected, match="softmax over all 90 keys"):
+        forbid_framework_attention(paged, key_lengths="seq_lens")(q, k, v, None, lens)
+
+
 def test_the_guard_loads_no_compiler_and_still_catches_a_compiled_cheat():
     """torch would wrap the guard's dispatch mode (and the FLOP counter's) in torch._disable_dynamo, whose first
     call imports torch._dynamo (over a CPU-second in each grading kernel); both disable Dynamo only once something
