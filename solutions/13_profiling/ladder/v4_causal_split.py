@@ -1,11 +1,11 @@
 """v4: v3 with step 05's causal split: tiles above the diagonal skipped, only the diagonal's masked, longest query
-tiles first (the exercise's solution).
+tiles first.
 
 v4 verdict: causal tiles skipped, 1.9x v3 on large: 275 TFLOP/s (0.90x FA2); 339 on long (0.94x) (H200,
 benchmarks/results/2026-12-05_h200_step13.json).
 
-The kernel and its defects: v0_slow.py. Run on its own:  python v4_causal_split.py   (TRITON_INTERPRET=1 without a
-GPU)
+The kernel and its defects: v0_slow.py.
+Run on its own:  python v4_causal_split.py   (TRITON_INTERPRET=1 without a GPU)
 """
 import os
 import sys

@@ -8,8 +8,8 @@ registers: one program an SM), so all of them wait at the same barriers and the 
 runs. Two programs of 64 rows hold as many warps (occupancy unchanged) but run out of step: one's softmax
 fills the other's wait (ncu: more tensor-pipe cycles active, at the same theoretical occupancy).
 
-The kernel and its defects: v0_slow.py. Run on its own:  python v5_two_programs.py   (TRITON_INTERPRET=1 without a
-GPU)
+The kernel and its defects: v0_slow.py.
+Run on its own:  python v5_two_programs.py   (TRITON_INTERPRET=1 without a GPU)
 """
 import os
 import sys
