@@ -46,7 +46,7 @@ from collections import defaultdict
 from facourse.configs import CONFIGS
 from facourse.decode import get_decode_case
 from facourse import results
-from facourse.profiling import OCCUPANCY_GPU, load_run, records_table
+from facourse.profiling import OCCUPANCY_GPU, TENSOR_OPS, load_run, records_table
 
 CPU_START = time.perf_counter()
 RUN = load_run()                       # the committed run: course/results/measured.json, "13_ncu"
@@ -549,7 +549,7 @@ LADDER = results.load("13")                  # python -m benchmarks.ladder 13
 LNCU = results.load("13_ladder_ncu")         # python -m benchmarks.counters --targets copy,gemm,sdpa_flash,13_v0,...
 print(f"bench: {LADDER['source']} ({LADDER['env']['gpu']}, {LADDER['env']['date']}); "
       f"counters: {LNCU['source']} ({LNCU['env']['gpu']}, {LNCU['env']['date']})")
-TENSOR = {"fp16": "sm__ops_path_tensor_src_fp16.sum", "tf32": "sm__ops_path_tensor_src_tf32_dst_fp32.sum"}
+TENSOR = {t: TENSOR_OPS[t] for t in ("fp16", "tf32")}      # the types these rungs use
 
 
 def bench_row(rung, config):
