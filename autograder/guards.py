@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import secrets
 import sys
 
@@ -371,21 +370,17 @@ def kernels_read_inputs(name: str, inputs: dict):
         raise CheatDetected(f"[anti-cheat] {name}: {what}: {_NO_TRITON_CAUSE}")
 
 
-def _key_lengths(fn, name: str, args: tuple, kwargs: dict) -> set:
-    """The keys each sequence's rows see, from the argument ``name`` of the call (packed and paged layouts,
-    whose k.shape[-2] is no row's width): ``cu_seqlens_k``'s differences, or ``seq_lens`` itself."""
-    try:
-        t = inspect.signature(fn).bind_partial(*args, **kwargs).arguments.get(name)
-    except (TypeError, ValueError):
-        return set()
+def _key_lengths(args: tuple, at: int, offsets: bool) -> set:
+    """The keys each sequence's rows see, from the call's positional argument ``at`` (the contract's place, not
+    the student's parameter name): cumulative ``offsets`` (cu_seqlens_k) or the lengths themselves (seq_lens)."""
+    t = args[at] if at < len(args) else None
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.is_floating_point():
         return set()
-    lens = t.diff() if name.startswith("cu_") else t
-    return {int(n) for n in lens.tolist()}
+    return {int(n) for n in (t.diff() if offsets else t).tolist()}
 
 
 def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: bool = False,
-                               forbid_kv_copies: bool = False, require_triton: int = 0, key_lengths: str = ""):
+                               forbid_kv_copies: bool = False, require_triton: int = 0, key_lengths=()):
     """``fn`` wrapped so that it may not call PyTorch's attention while it runs (see module doc).
 
     Step 01 (vanilla attention) passes ``allow_softmax=True``: it may use ``torch.softmax`` but not
@@ -395,8 +390,9 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
     ``require_triton`` (steps 05, 08-10, 15, whose exercise is a Triton kernel): that many of the call's first
     tensor arguments (3: q, k, v; 4, dO too: step 08's forward and backward in one call) must each reach a Triton
     kernel's arguments, as they are or as data derived from them (``kernels_read_inputs``).
-    ``key_lengths`` (steps 09 and 15: packed or paged K and V) names the argument that gives each sequence's
-    keys (``cu_seqlens_k`` or ``seq_lens``): a softmax over that many keys is a whole row too.
+    ``key_lengths`` (steps 09 and 15: packed or paged K and V), ``(position, "offsets" or "lengths")``: the
+    call's argument that gives each sequence's keys (``cu_seqlens_k`` or ``seq_lens``); a softmax over that many
+    keys is a whole row too.
     Step 05 adds ``forbid_kv_copies=True``: GQA is the kernel's (query head h reads KV head h // G), so
     a call that makes K or V larger (one copy per query head, around a multi-head kernel such as the
     lecture's) raises, and so does one that allocates more than its outputs (o, lse) and one copy of
@@ -408,7 +404,7 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
     def guarded(q, k, v, *args, **kwargs):
         skv = k.shape[-2] if isinstance(k, torch.Tensor) and k.dim() >= 2 else 0
         if key_lengths:
-            skv = _key_lengths(fn, key_lengths, (q, k, v, *args), kwargs)
+            skv = _key_lengths((q, k, v, *args), key_lengths[0], key_lengths[1] == "offsets")
         kv = budget = None
         if forbid_kv_copies and all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             nbytes = lambda t: t.untyped_storage().nbytes()                    # noqa: E731

@@ -240,7 +240,7 @@ def _step08() -> dict[str, Test]:
 
 
 def _step09() -> dict[str, Test]:
-    guard = {**_TRITON_KERNEL, "key_lengths": "seq_lens"}         # a softmax over a sequence's keys: a whole row
+    guard = {**_TRITON_KERNEL, "key_lengths": (4, "lengths")}      # seq_lens: a softmax over its keys is a whole row
     t = functools.partial(_on_cases, "paged", guard)
     tests = {
         "test_mixed": t("mixed"),           # the speculative case is test_spec's alone: one mistake, one test
@@ -350,8 +350,8 @@ def _step14() -> dict[str, Test]:
 
 
 def _step15() -> dict[str, Test]:
-    guard = {**_TRITON_KERNEL, "key_lengths": "cu_seqlens_k"}     # a softmax over a sequence's keys: a whole row
-    paged = {**_TRITON_KERNEL, "key_lengths": "seq_lens"}
+    guard = {**_TRITON_KERNEL, "key_lengths": (4, "offsets")}      # cu_seqlens_k: a softmax over its keys is a whole row
+    paged = {**_TRITON_KERNEL, "key_lengths": (5, "lengths")}
     v = functools.partial(_on_cases, "varlen", guard)
     p = functools.partial(_on_cases, "paged_prefill", paged)
     return {

@@ -114,21 +114,22 @@ def _per_sequence_softmax(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
 
 
 def test_a_softmax_over_one_sequences_keys_is_a_whole_row():
-    """Packed and paged layouts: the guard reads each sequence's key count from the argument it is told
-    (cu_seqlens_k's differences, or seq_lens), and a softmax of that width is a whole row."""
+    """Packed and paged layouts: the guard reads each sequence's key count from the argument at the contract's
+    position (cu_seqlens_k's differences, or seq_lens), whatever the student named it, and a softmax of that
+    width is a whole row."""
     cu = torch.tensor([0, 70, 170], dtype=torch.int32)                    # sequences of 70 and 100 tokens
     q, k, v = torch.randn(170, 4, 16), torch.randn(170, 2, 16), torch.randn(170, 2, 16)
     args = (q, k, v, cu, cu, 100, 100)
     forbid_framework_attention(_per_sequence_softmax)(*args)              # k.shape[-2] is 2: nothing to see
     with pytest.raises(CheatDetected, match="softmax over all 70 keys"):
-        forbid_framework_attention(_per_sequence_softmax, key_lengths="cu_seqlens_k")(*args)
+        forbid_framework_attention(_per_sequence_softmax, key_lengths=(4, "offsets"))(*args)
 
-    def paged(q, k_cache, v_cache, block_table, seq_lens, scale=None):   # seq_lens counts the keys itself
-        return torch.softmax(torch.randn(4, int(seq_lens.max())), dim=-1)
+    def paged(q, k_cache, v_cache, block_table, lens, scale=None):      # seq_lens renamed: still seen
+        return torch.softmax(torch.randn(4, int(lens.max())), dim=-1)
     lens = torch.tensor([30, 90])
-    forbid_framework_attention(paged, key_lengths="seq_lens")(q, k, v, None, lens[:1])     # 30 <= MIN_KEYS
+    forbid_framework_attention(paged, key_lengths=(4, "lengths"))(q, k, v, None, lens[:1])    # 30 <= MIN_KEYS
     with pytest.raises(CheatDetected, match="softmax over all 90 keys"):
-        forbid_framework_attention(paged, key_lengths="seq_lens")(q, k, v, None, lens)
+        forbid_framework_attention(paged, key_lengths=(4, "lengths"))(q, k, v, None, lens)
 
 
 def test_the_guard_loads_no_compiler_and_still_catches_a_compiled_cheat():
