@@ -28,8 +28,12 @@ the GPU machines have no Jupyter; ``autograde`` puts nbgrader around the same pa
    program on the TileLang tests of the plan, on the CPU stand-in and compiled by TileLang on the GPU,
    perf included; the same program with top-left causal loses the GPU correctness test, whose message
    names it.
+8. steps 13, 14 and 15: each exercise's solution (its notebook cells) on every test of the plan, each test
+   given the entry point its hidden cell passes; step 14's exp2 through ``torch.exp2`` and step 15's
+   varlen with a softmax over one sequence's keys beside its Triton launch each score 0 (the guards on
+   CUDA tensors: a GPU is the only place they see those).
 
-`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05-11 may be named).
+`python -m autograder.gpu_selftest 08` runs part 4 only (any of 05-15 but 12 may be named).
 
 Every exercise solution must score full marks, perf included, and each perf ratio must hold its step's
 target with a margin (``MARGIN``: target <= 0.85 x ratio), a verdict of its own ("margin perf_...").
@@ -50,7 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None) -> int:
-    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08", "09", "10", "11"}
+    parts = set(sys.argv[1:] if argv is None else argv) or {"05", "06", "07", "08", "09", "10", "11", "13", "14",
+                                                             "15"}
     if not torch.cuda.is_available():
         print("No GPU here: this self-test runs on the GPU grading machine.")
         return 0
@@ -86,6 +91,8 @@ def main(argv=None) -> int:
         _step11(expect, J)
     if parts & {"06", "07"}:
         _steps06_07(expect, J, parts)
+    if parts & {"13", "14", "15"}:
+        _steps13_15(expect, J, parts)
     rows += _margins(rows)
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -326,6 +333,42 @@ def _step11(expect, J):
     exec(compile(src, name, "exec", dont_inherit=True), scope)  # noqa: S102
     expect("step 11 top-left causal", J.run_inprocess(step11, scope["flash_attention_program"], ["test_tilelang_gpu"]),
            lambda t, v: v.points == 0 and "top-left" in v.message)
+
+
+#: Steps 13-15: the solution cells each exercise module runs, and the entry point of each check (the function
+#: the hidden cells of the tests whose checks are of that name pass to the judge).
+_CELLS = {"13": (("imports", "records", "occupancy", "roofline_point"),
+                 {"occupancy": "occupancy", "roofline": "roofline_point"}),
+          "14": (("imports", "exp2_coefficients", "exp2_fit", "exp2_poly", "lazy_rescale_update"),
+                 {"exp2": "exp2_poly", "rescale": "lazy_rescale_update"}),
+          "15": (("setup", "kv_offsets", "kernel", "launch"),
+                 {"varlen": "varlen_attention", "paged_prefill": "paged_prefill"})}
+
+
+def _steps13_15(expect, J, parts):
+    """Each exercise's solution on every test, test by test with its entry point; one cheat a guard refuses
+    in steps 14 and 15."""
+    from facourse.steps import exercise_module, load_step
+
+    for step in sorted(parts & set(_CELLS)):
+        cells, entry = _CELLS[step]
+        sol = exercise_module(step, cells)
+        assignment = load_step(step)["step"]["notebook"].removesuffix(".ipynb")
+        plan = J.plan_of(assignment)
+        for check, fn in entry.items():
+            tests = [t for t, spec in plan.items() if spec.checks[0].name == check]
+            expect(f"step {step} solution", J.run_inprocess(assignment, getattr(sol, fn), tests), _full_marks)
+        if step == "14":
+            expect("step 14 torch.exp2", J.run_inprocess(assignment, torch.exp2, ["test_exp2_softmax"]),
+                   lambda t, v: v.points == 0 and "exponential" in v.message)
+        if step == "15":
+            def row_softmax(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kw):
+                out = sol.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **kw)   # the Triton launch
+                keys = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
+                torch.softmax(torch.zeros(q.shape[1], keys, device=q.device), dim=-1)      # one sequence's whole row
+                return out
+            expect("step 15 softmax of a row", J.run_inprocess(assignment, row_softmax, ["test_packed"]),
+                   lambda t, v: v.points == 0 and "softmax over all" in v.message)
 
 
 def _hopper_solution(step: Path):

@@ -300,6 +300,37 @@ SCRIPT = """
         return {"rmse": err[False], "rmse_v_residual": err[True]}
     attempt(v_residual, kind="entry", case="v_residual")
 
+    def int8_qk():
+        # INT8_QK: Q and K quantised to int8 (integers, amax at 127 a block) cut O's error on FA3's outlier inputs,
+        # by either conversion of S; ragged causal rows that see no key still give 0 and -inf
+        q, k, v = v7.fa3_outlier_inputs(1, 2, 512, 128, seed=0, outliers=True)
+        from facourse.reference import reference_attention
+        ref, _ = reference_attention(q.double(), k.double(), v.double(), False)
+        g = torch.Generator().manual_seed(5)
+        qr, kr, vr = (torch.randn(1, 2, S, 64, generator=g).half() for S in (200, 80, 80))
+        err, empty = {}, {}
+        try:
+            for mode in (0, 1, 2):
+                v7.INT8_QK = mode
+                q8, dq, k8, dk, _, _ = v7.quantize_qkv(q, k, v)
+                if mode:
+                    assert q8.dtype == k8.dtype == torch.int8 and int(q8.abs().max()) == int(k8.abs().max()) == 127
+                    xr = v7.rotate_reference(q)[0, 0, :64]                # the first block of Q, rotated
+                    assert torch.allclose(q8[0, 0, :64].float() * dq[0, 0, 0], xr, atol=0.51 * float(dq[0, 0, 0]))
+                o, _ = v7.run_end_to_end(q, k, v, False)
+                err[mode] = float((o.double() - ref).pow(2).mean().sqrt())
+                o, lse = v7.run_end_to_end(qr, kr, vr, True)
+                empty[mode] = (torch.isneginf(lse), o)
+        finally:
+            v7.INT8_QK = 0
+        e0 = empty[0][0]
+        for mode in (1, 2):
+            e1, o1 = empty[mode]
+            assert e0.any() and torch.equal(e0, e1) and bool((o1[e1] == 0).all())
+            assert err[mode] < 0.8 * err[0], err
+        return {"rmse": err[0], "rmse_int8_cvt": err[1], "rmse_int8_bits": err[2]}
+    attempt(int8_qk, kind="entry", case="int8_qk")
+
     # ------------------------------------------------------------------ the error on FA3's inputs
     for outliers in (True, False):
         def rmse():
@@ -358,6 +389,10 @@ def test_v_residual_cuts_the_error_on_outlier_inputs(results):
     one_result(results, kind="entry", case="v_residual")
 
 
+def test_int8_q_and_k_cut_the_error_on_outlier_inputs(results):
+    one_result(results, kind="entry", case="int8_qk")
+
+
 def test_rotation_cuts_the_error_on_outlier_inputs(results):
     out = one_result(results, kind="rmse", case="outliers")
     # FA3's finding: per-block scales alone barely help, the rotation does
@@ -394,6 +429,11 @@ const = {"CAUSAL": True, "GROUP": 4, "Q_PER": 2, "EXACT": False, "D": D, "BLOCK_
 compile90(v7.fp8_block_fwd, types, {**const, "FMA_EXP2": 4})
 compile90(v7.quant_v, {"V": "*fp16", "VT8": "*fp8e4nv", "DESCALE": "*fp32"},
           {"EXACT": False, "D": D, "BLOCK_N": BN, "TILES": 1, "DSTRIDE": 4, "ORDER": True, "RESID": True})
+# INT8_QK: the quantiser's int8 store and the s8 dot
+compile90(v7.quant_rows, {"X": "*fp16", "X8": "*i8", "DESCALE": "*fp32", "R": "*fp16", "inv_sqrt_d": "fp32"},
+          {"ROTATE": True, "EXACT": False, "D": D, "BLOCK": BN, "TILES": 1, "INT8": True})
+for int8 in (1, 2):
+    compile90(v7.fp8_block_fwd, {**types, "Q": desc("i8", BM, D), "K": desc("i8", BN, D)}, {**const, "INT8": int8})
 # V_RESIDUAL's launch: two stages, no spill, two programs an SM
 v7.INTERPRET, v7.V_RESIDUAL = False, True
 bm, bn, warps, stages, _ = v7.launch_tiles(False, 8192)

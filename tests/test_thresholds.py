@@ -86,3 +86,17 @@ def test_a_printed_row_is_read_back(tmp_path):
             gpu_selftest.line(True, "step 06 solution", "margin perf_large", "0.81x; target 0.65 <= 0.69")]
     (tmp_path / "2030-01-01_h100_gpu_selftest.txt").write_text("\n".join(rows) + "\n")
     assert solution_ratios("h100", tmp_path) == {"06": ("2030-01-01_h100_gpu_selftest.txt", [0.81])}
+
+
+@pytest.mark.parametrize("step", sorted(gpu_selftest._CELLS))
+def test_the_self_test_gives_every_test_of_steps_13_to_15_its_entry_point(step):
+    """Each of the step's tests goes to the function its hidden cell passes, and every test is run."""
+    from facourse.steps import exercise_source, load_step
+    cells, entry = gpu_selftest._CELLS[step]
+    assignment = load_step(step)["step"]["notebook"].removesuffix(".ipynb")
+    assert {spec.checks[0].name for spec in plan_of(assignment).values()} == set(entry)
+    twin = (ROOT / "solutions" / assignment / f"{assignment}.pct.py").read_text()
+    for test, spec in plan_of(assignment).items():
+        assert f'judge("{test}", {entry[spec.checks[0].name]})' in twin, test
+    src = exercise_source(step, cells)
+    assert all(f"def {fn}(" in src for fn in entry.values())

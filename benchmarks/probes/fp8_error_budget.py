@@ -8,6 +8,8 @@ the kernel run in Triton's interpreter (2026-11-27_cpu_step10_fp8_error.txt).
     PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --spread [N [S ...]]   # v7's RMSE over lengths
                                                          # and N seeds (4; 2k-8k), and the rows that carry it
     PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --table3 [S ...]   # FA3's Table 3 rows emulated
+    PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --int8 [N]         # Q and K in int8 (INT8_QK),
+                                                         # N seeds at 2k, 8k and 16k keys
     PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --scales [N]       # rows a scale, N seeds at 8k
     PYTHONPATH=src python benchmarks/probes/fp8_error_budget.py --residual [N]     # each tensor's rounding error
                                                          # added back as a second e4m3 term (v7's V_RESIDUAL)
@@ -27,13 +29,14 @@ R = v7.signed_hadamard(D).float() / math.sqrt(D)
 e4m3 = lambda x: x.to(torch.float8_e4m3fn).float()  # noqa: E731
 
 
-def blocks(x, rows, rot=None):
-    """x (times rot) rounded to e4m3 with one scale per `rows` rows, scale applied back."""
+def blocks(x, rows, rot=None, int8=False):
+    """x (times rot) rounded to e4m3 (int8: to integers, amax at 127) with one scale per `rows` rows, scale
+    applied back."""
     x = x @ rot if rot is not None else x
     xb = x.reshape(x.shape[0], -1, rows, D)
     amax = xb.abs().amax(dim=(2, 3), keepdim=True)
-    scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
-    return (e4m3(xb / scale) * scale).reshape(x.shape)
+    scale = torch.where(amax > 0, amax / (127 if int8 else 448), torch.ones_like(amax))
+    return ((torch.round(xb / scale) if int8 else e4m3(xb / scale)) * scale).reshape(x.shape)
 
 
 def attention(qq, kk, vv, round_p=False, chunk=1024):
@@ -191,6 +194,29 @@ def residual(lengths=(2048, 8192), seeds=range(4)):
             print(f"{S:6d} {seed:4d} " + " ".join(f"{rmse(attention(*r, True), ref):10.2e}" for r in rows), flush=True)
 
 
+def int8_qk(lengths=(2048, 8192, 16384), seeds=range(4)):
+    """v7 against Q and K in int8 (v7's INT8_QK: one scale per 64 and 128 rows, amax at 127; P and V as v7), seed by
+    seed and over the seeds (root mean square), with the rotation and without, and the int8 Q K^T's error alone."""
+    rows = {"v7 (e4m3)": lambda q, k, v, vb: v7_path(q, k, v),
+            "int8 Q, K": lambda q, k, v, vb: attention(blocks(q, 64, R, True), blocks(k, 128, R, True), vb, True),
+            "int8, no rotation": lambda q, k, v, vb: attention(blocks(q, 64, None, True), blocks(k, 128, None, True),
+                                                               vb, True),
+            "int8 Q K^T alone": lambda q, k, v, vb: attention(blocks(q, 64, R, True), blocks(k, 128, R, True), v),
+            "e4m3 Q K^T alone": lambda q, k, v, vb: attention(blocks(q, 64, R), blocks(k, 128, R), v)}
+    print(f"# v7's RMSE on FA3's outlier inputs with Q and K in int8: one head a seed, D {D}, non-causal; "
+          f"torch {torch.__version__} on a CPU")
+    print(f"{'keys':>6s} {'seed':>9s} " + " ".join(f"{n:>18s}" for n in rows))
+    for S in lengths:
+        sq = {n: [] for n in rows}
+        for seed in seeds:
+            q, k, v = inputs(S, seed)
+            ref, vb = attention(q, k, v), blocks(v, 128)
+            for n, f in rows.items():
+                sq[n].append(float((f(q, k, v, vb) - ref).pow(2).mean()))
+            print(f"{S:6d} {seed:9d} " + " ".join(f"{e[-1] ** 0.5:18.3e}" for e in sq.values()), flush=True)
+        print(f"{S:6d} {'all seeds':>9s} " + " ".join(f"{(sum(e) / len(e)) ** 0.5:18.3e}" for e in sq.values()))
+
+
 def table3(lengths=(1024, 2048, 4096, 8192, 16384), seeds=(0, 1)):
     """FA3's Table 3 (Shah et al., 2024) rows emulated on its inputs, for each length and seed, against float64
     attention of the fp32 draws (before the fp16 rounding of fa3_outlier_inputs, as FA3's FP64 reference would
@@ -220,6 +246,8 @@ if __name__ == "__main__":
         scales(seeds=range(int(sys.argv[2]) if sys.argv[2:] else 8))
     elif sys.argv[1:2] == ["--residual"]:
         residual(seeds=range(int(sys.argv[2]) if sys.argv[2:] else 4))
+    elif sys.argv[1:2] == ["--int8"]:
+        int8_qk(seeds=range(int(sys.argv[2]) if sys.argv[2:] else 4))
     elif sys.argv[1:2] == ["--table3"]:
         table3(*[tuple(int(a) for a in sys.argv[2:])] if sys.argv[2:] else ())
     else:

@@ -1,13 +1,13 @@
 """A/B on the GPU: v7_fp8_fa3 as committed and with its module switches set as each argument says (NAME=VALUE,
 a variant each; a bare NAME means NAME=1; FORCE_TILES=64,128,4,2 sets v7's tiles, MAXNREG=168 its register cap with
 them; default EXP2_FMA, P's exp2 on the FMA pipes instead of the MUFU unit, and EXP2_FMA=8 puts only the last eighth
-of each tile's columns there; LAZY_RESCALE, the conditional rescale; ROWSUM_MMA at commit 7df4a72, P's row sums on
+of each tile's columns there; LAZY_RESCALE, the conditional rescale; INT8_QK=1 or 2, Q and K in int8; ROWSUM_MMA at commit 7df4a72, P's row sums on
 the tensor cores; PLAIN_DESCALES at commit 4e3c70f, dk by a plain global load; several switches joined by ":" make
 one variant), checked on the FP8 kind's cases, then timed alternating in one process (course bench, do_bench,
 events) on CASES (default noncausal_16k, long and large, inputs in e4m3) and, unless E2E=0, end to end on long.
 
     [CASES=large,causal_2k,...] [E2E=0] PYTHONPATH=src:. python benchmarks/probes/fp8_exp2.py [NAME[=VALUE] ...]"""
-import json, os, sys
+import itertools, json, os, sys
 sys.path[:0] = ["src", ".", "solutions/10_attention_variants/ladder"]
 import torch
 from facourse import bench
@@ -39,6 +39,12 @@ def use(variant):
     return ":".join(f"{n}={v}" for n, v in variant) if variant else "committed"
 
 
+def quantizer():
+    """v7.quantize_fp8 for bench_fp8, which quantises q, k and v in that order: under INT8_QK q and k in int8."""
+    calls = itertools.count()
+    return lambda x: v7.quantize_rows(x, v7.tiles()[1], False, int8=next(calls) % 3 < 2 and bool(v7.INT8_QK))
+
+
 CASES = os.environ.get("CASES", "noncausal_16k,long,large").split(",")   # the prequantised timings' configs
 E2E = os.environ.get("E2E", "1") == "1"                                   # 0: no end-to-end timing on long
 DEFAULTS = {name: getattr(v7, name) for name in NAMES}
@@ -55,7 +61,7 @@ for rnd in range(2):
     for variant in [None, *VARIANTS]:
         label = use(variant)
         for case in CASES:
-            r = bench_fp8(v7.flash_attention_fp8_prequantized, v7.quantize_fp8, case, backend="CUDNN_ATTENTION",
+            r = bench_fp8(v7.flash_attention_fp8_prequantized, quantizer(), case, backend="CUDNN_ATTENTION",
                           transpose_v=v7.transpose_v)
             x = {m: t["r"] / t["s"] for m, t in bench.last_cross.items()}
             out["rows"].append({"round": rnd, "variant": label, "case": case, "mode": "e4m3", "tflops": r.tflops_student, "ratio": r.ratio, **x})

@@ -1,5 +1,6 @@
 """On a CPU (Triton's compiler, ptxas and cuobjdump; no GPU): v7_fp8_fa3's key loop in SASS, as committed and with
-its module switches set as each argument says (NAME=VALUE, several joined by ":", a build each): fp8_block_fwd
+its module switches set as each argument says (NAME=VALUE, several joined by ":", a build each; INT8_QK=1 or 2
+builds it for int8 Q and K): fp8_block_fwd
 compiled for sm_90 at v7's tiles, non-causal, fp16 out. For each build: the kernel's instructions, its loops' sizes
 (a loop: a predicated branch back), and for the first loop (the key tiles without a mask, the one a long sequence
 spends its time in) its instructions and the count of the opcodes the softmax and the switches move.
@@ -21,17 +22,19 @@ from facourse.cuda_build import find_cuobjdump  # noqa: E402
 from facourse.triton_setup import compile_for  # noqa: E402
 from sass_loops import kernels, loops, opcode  # noqa: E402
 
-OPS = ("MUFU", "FADD", "FFMA", "FMUL", "FMNMX", "F2FP", "PRMT", "SHFL", "SEL", "LOP3", "QGMMA", "STS", "BAR",
-       "LDS", "LDGSTS", "LDG", "DEPBAR")
+OPS = ("MUFU", "FADD", "FFMA", "FMUL", "FMNMX", "F2FP", "PRMT", "SHFL", "SEL", "LOP3", "QGMMA", "IGMMA", "I2F", "IADD3",
+       "STS", "BAR", "LDS", "LDGSTS", "LDG", "DEPBAR")
 # a module switch of v7 -> the kernel's constexpr it sets
-SWITCHES = {"EXP2_FMA": "FMA_EXP2", "LAZY_RESCALE": "LAZY", "PAIRED_DESCALES": "PAIRED", "OPERAND_ORDER": "ORDER", "AHEAD_S": "AHEAD"}
+SWITCHES = {"EXP2_FMA": "FMA_EXP2", "LAZY_RESCALE": "LAZY", "PAIRED_DESCALES": "PAIRED", "OPERAND_ORDER": "ORDER", "AHEAD_S": "AHEAD",
+            "INT8_QK": "INT8"}
 CUOBJDUMP = find_cuobjdump() or os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
 
 
 def build(switches):
     BM, BN, warps, stages = v7.TILES
     desc = lambda dt, r, c: f"tensordesc<{dt}[1, 1, {r}, {c}]>"  # noqa: E731
-    types = {"Q": desc("fp8e4nv", BM, 128), "K": desc("fp8e4nv", BN, 128), "VT": desc("fp8e4nv", 128, BN),
+    qk = "i8" if switches.get("INT8_QK", v7.INT8_QK) else "fp8e4nv"
+    types = {"Q": desc(qk, BM, 128), "K": desc(qk, BN, 128), "VT": desc("fp8e4nv", 128, BN),
              "O": desc("fp16", BM, 128), "LSE": "*fp32", "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32", "scale": "fp32"}
     const = {"CAUSAL": False, "GROUP": 1, "Q_PER": max(1, BN // BM), "EXACT": False, "D": 128, "BLOCK_M": BM,
              "BLOCK_N": BN}

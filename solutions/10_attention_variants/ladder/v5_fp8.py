@@ -62,16 +62,16 @@ FORCE_TILES = None                           # (BLOCK_M, BLOCK_N, num_warps, num
 
 @triton.jit
 def masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+               BLOCK_N: tl.constexpr, OFFSET: tl.constexpr = 0.0):
     """(S, new row max, the max to subtract): S's keys past Skv and, causal, past the diagonal at -inf
-    on a MASKED tile; the row max in log2 units."""
+    on a MASKED tile; the row max in log2 units. OFFSET: s holds S + OFFSET (v7's INT8_QK = 2)."""
     if MASKED:
         j = start_n + tl.arange(0, BLOCK_N)[None, :]
         keep = j < Skv
         if CAUSAL:
             keep = keep & (j <= i + off)
         s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    m_new = tl.maximum(m_i, (tl.max(s, 1) - OFFSET) * qk_scale)
     if MASKED:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)       # a row that has seen no key yet
     else:

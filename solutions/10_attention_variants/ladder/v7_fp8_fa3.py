@@ -139,6 +139,16 @@ AHEAD_S = False
 # at 16k non-causal against 890-932, 592 end to end on long against 833 (2026-12-04_h200_step10_fp8_v_residual.txt;
 # emulated on a CPU over more seeds, with Q's error added back too: 2026-12-04_cpu_step10_fp8_residual.txt). Off.
 V_RESIDUAL = False
+# INT8_QK: Q and K (rotated) quantised to int8 with one scale per block (amax / 127) instead of e4m3, S = Q K^T on
+# the tensor cores' s8 path with exact int32 sums, SageAttention's choice for Q K^T (Zhang et al., 2024); P and V
+# stay e4m3. In e4m3 a value keeps 3 mantissa bits; in int8 a block's values share 7 bits of its largest, and after
+# the rotation no value is far below the largest. The int32 S to fp32: 1 by a conversion (I2F), 2 as the bits of
+# 1.5 * 2^23 + S (|S| <= 128 * 127^2 < 2^22; one integer add), the offset taken off the row max and the exp2's bias.
+# On a CPU (emulated over eight heads, and the kernel in the interpreter) the RMSE on FA3's outlier inputs falls from
+# 9.19e-3 to 6.38e-3 at 8192 keys (2026-12-05_cpu_step10_int8_qk_error.txt); the key loop issues 569-571 instructions a
+# tile against 505, one conversion an element (2026-12-05_cpu_step10_int8_qk_sass.txt). Off until timed on a GPU.
+INT8_QK = 0
+MAGIC = tl.constexpr(12582912.0)
 # P is cast to e4m3 times 2^P_LOG2: probabilities below 2^-6 fall into e4m3's subnormals (step 2^-9) and
 # below 2^-10 to 0; 256 lifts them 8 binades and keeps the largest, 256, under e4m3's 448.
 P_LOG2 = tl.constexpr(8.0)
@@ -287,11 +297,11 @@ def rotation(R, D: tl.constexpr, ROTATE: tl.constexpr):
 @triton.jit
 def rows_tile(X, X8, DESCALE, r, pid, bh, S, H, sxb, sxh, sxs, inv_sqrt_d,
               ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-              DSTRIDE: tl.constexpr = 1):
+              DSTRIDE: tl.constexpr = 1, INT8: tl.constexpr = False):
     """Tile pid of BLOCK rows of (batch x head) bh of X [B, H, S, D] (strides sxb, sxh, sxs, 1):
     rotated by r / sqrt(D) (r = diag(signs) H_D, [D, D] in X's dtype, from rotation) when ROTATE,
-    stored e4m3 into X8 [B, H, S, D] (contiguous) with its descale into DESCALE [B, H, cdiv(S, BLOCK)];
-    a tile past S stores nothing."""
+    stored e4m3 (INT8: int8, amax at 127) into X8 [B, H, S, D] (contiguous) with its descale into DESCALE
+    [B, H, cdiv(S, BLOCK)]; a tile past S stores nothing."""
     b, h = bh // H, bh % H
     rows = pid * BLOCK + tl.arange(0, BLOCK)[:, None]
     cols = tl.arange(0, D)[None, :]
@@ -301,8 +311,13 @@ def rows_tile(X, X8, DESCALE, r, pid, bh, S, H, sxb, sxh, sxs, inv_sqrt_d,
     else:
         x = x.to(tl.float32)
     amax = tl.max(tl.max(tl.abs(x), 1), 0)
-    descale = tl.where(amax > 0, amax / 448.0, 1.0)                 # an all-zero tile keeps 1
-    tl.store(X8 + bh.to(tl.int64) * S * D + rows * D + cols, to_e4m3(x / descale, EXACT), mask=rows < S)
+    if INT8:
+        descale = tl.where(amax > 0, amax / 127.0, 1.0)
+        x8 = ((x / descale + MAGIC) - MAGIC).to(tl.int8)             # rounded to the nearest integer, ties to even
+    else:
+        descale = tl.where(amax > 0, amax / 448.0, 1.0)             # an all-zero tile keeps 1
+        x8 = to_e4m3(x / descale, EXACT)
+    tl.store(X8 + bh.to(tl.int64) * S * D + rows * D + cols, x8, mask=rows < S)
     tl.store(DESCALE + (bh * tl.cdiv(S, BLOCK) + pid) * DSTRIDE, descale, mask=pid < tl.cdiv(S, BLOCK))
 
 
@@ -345,12 +360,12 @@ def v_tile(V, VT8, DESCALE, pid, bh, S, H, svb, svh, svs, S_PAD, EXACT: tl.const
 @triton.jit
 def quant_rows(X, X8, DESCALE, R, S, H, sxb, sxh, sxs, inv_sqrt_d,
                ROTATE: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-               TILES: tl.constexpr, DSTRIDE: tl.constexpr = 1):
+               TILES: tl.constexpr, DSTRIDE: tl.constexpr = 1, INT8: tl.constexpr = False):
     """Q or K alone: grid (cdiv(S, TILES * BLOCK), B * H), TILES consecutive rows_tile each, R read once."""
     r = rotation(R, D, ROTATE)
     for g in tl.static_range(TILES):
         rows_tile(X, X8, DESCALE, r, tl.program_id(0) * TILES + g, tl.program_id(1), S, H, sxb, sxh, sxs,
-                  inv_sqrt_d, ROTATE, EXACT, D, BLOCK, DSTRIDE)
+                  inv_sqrt_d, ROTATE, EXACT, D, BLOCK, DSTRIDE, INT8)
 
 
 @triton.jit
@@ -388,14 +403,34 @@ def quant_qkv(Q, K, V, Q8, K8, VT8, DQ, DK, DV, R, Sq, Skv, Hq, Hkv, NQ, NKV,
 
 
 @triton.jit
+def qk_dot(q, k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr, INT8: tl.constexpr):
+    """S = Q K^T of one tile in fp32; INT8 (int8 Q and K): the int32 sums converted (1), or MAGIC + S (2)."""
+    if INT8 == 0:
+        s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
+    else:
+        if EXACT:
+            si = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT).to(tl.int32)   # exact integers
+        else:
+            si = tl.dot(q, k.T, out_dtype=tl.int32)
+        if INT8 == 1:
+            s = si.to(tl.float32)
+        else:
+            s = (si + 0x4B400000).to(tl.float32, bitcast=True)
+    return s
+
+
+@triton.jit
 def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo, hi, Skv, off, q_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EXACT: tl.constexpr, D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr, LAZY: tl.constexpr,
-                PAIRED: tl.constexpr, ORDER: tl.constexpr, AHEAD: tl.constexpr = False, RESID: tl.constexpr = False):
+                PAIRED: tl.constexpr, ORDER: tl.constexpr, AHEAD: tl.constexpr = False, RESID: tl.constexpr = False,
+                INT8: tl.constexpr = 0):
     """Key tiles [lo, hi) of one query tile, each with its own dk and dv (kv_row: this (batch, KV
     head)'s first descale). acc is in units of dv_prev, the last tile's dv (LAZY: the head's dv_max).
     AHEAD: each tile's Q K^T written a tile early, before the previous tile's softmax (AHEAD_S).
-    RESID: V's rounding error, rows D..2D-1 of V^T, added by a second P V dot (V_RESIDUAL)."""
+    RESID: V's rounding error, rows D..2D-1 of V^T, added by a second P V dot (V_RESIDUAL). INT8: q and K in int8
+    (INT8_QK's conversion)."""
+    OFFSET: tl.constexpr = MAGIC if INT8 == 2 else 0.0
     if AHEAD:
         s_next = dot(q, K.load([b, h_kv, lo, 0]).reshape(BLOCK_N, D).T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
                      EXACT)
@@ -420,14 +455,14 @@ def block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, lo
             ratio = dv_prev / dv
         qk_scale = q_scale * dk                                     # scale * dq[i] * dk[j] * log2(e)
         if not AHEAD:
-            s = dot(q, k.T, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EXACT)
-        s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N)
+            s = qk_dot(q, k, BLOCK_M, BLOCK_N, EXACT, INT8)
+        s, m_new, m_use = v5.masked_max(s, m_i, qk_scale, start_n, i, Skv, off, MASKED, CAUSAL, BLOCK_N, OFFSET)
         if LAZY:   # keep a row's max unless it grew by more than LAZY_TAU; P V_j's dv / dv_max rides the exp2
             m_new = tl.where(m_new > m_i + LAZY_TAU, m_new, m_i)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             x = s * qk_scale - (m_use - P_LOG2 - tl.math.log2(dv / dv_prev))[:, None]
         else:
-            x = s * qk_scale - (m_use - P_LOG2)[:, None]
+            x = s * qk_scale - (m_use - P_LOG2 + OFFSET * qk_scale)[:, None]
         p = exp2_part(x, FMA_EXP2)                                   # P times 2^P_LOG2, in [0, 256]
         alpha = tl.math.exp2(m_i - m_use)
         if LAZY:
@@ -458,7 +493,7 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
                   CAUSAL: tl.constexpr, GROUP: tl.constexpr, Q_PER: tl.constexpr, EXACT: tl.constexpr,
                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FMA_EXP2: tl.constexpr,
                   LAZY: tl.constexpr, PAIRED: tl.constexpr = False, ORDER: tl.constexpr = False,
-                  AHEAD: tl.constexpr = False, RESID: tl.constexpr = False):
+                  AHEAD: tl.constexpr = False, RESID: tl.constexpr = False, INT8: tl.constexpr = 0):
     """v5's forward (descriptors, causal split) with per-block descales: DQ [B, Hq, NQ] (one per Q_PER
     query tiles), DK and DV [B, Hkv, NK] (one per key tile)."""
     pid_m = tl.program_id(0)
@@ -482,10 +517,10 @@ def fp8_block_fwd(Q, K, VT, O, LSE, DQ, DK, DV, Hq, Hkv, Sq, Skv, NQ, NK, scale,
     end_free, hi = causal_split_bounds(start_m, off, Skv, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, 0, end_free,
                                          Skv, off, q_scale, False, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
-                                         PAIRED, ORDER, AHEAD, RESID)
+                                         PAIRED, ORDER, AHEAD, RESID, INT8)
     acc, m_i, l_i, dv_prev = block_tiles(acc, m_i, l_i, dv_prev, q, K, VT, DK, DV, b, h_kv, kv_row, i, end_free, hi,
                                          Skv, off, q_scale, True, CAUSAL, EXACT, D, BLOCK_M, BLOCK_N, FMA_EXP2, LAZY,
-                                         PAIRED, ORDER, False, RESID)
+                                         PAIRED, ORDER, False, RESID, INT8)
 
     o, lse = vc.finish(acc, m_i - P_LOG2, l_i)                     # l carries P's 2^P_LOG2 like acc: O keeps it out
     o = o * dv_prev                                                 # acc was in units of the last dv (LAZY: dv_max)
@@ -498,10 +533,10 @@ def quant_launch():
     return {} if INTERPRET else dict(num_warps=QUANT_WARPS)
 
 
-def rows_out(x, block):
-    """(x8, descale) as rows_tile writes them for x [B, H, S, D]: e4m3 [B, H, S, D], fp32 [B, H, cdiv(S, block)]."""
+def rows_out(x, block, int8=False):
+    """(x8, descale) as rows_tile writes them for x [B, H, S, D]: e4m3 (int8) [B, H, S, D], fp32 [B, H, cdiv(S, block)]."""
     B, H, S, D = x.shape
-    return (torch.empty((B, H, S, D), device=x.device, dtype=torch.float8_e4m3fn),
+    return (torch.empty((B, H, S, D), device=x.device, dtype=torch.int8 if int8 else torch.float8_e4m3fn),
             torch.empty((B, H, triton.cdiv(S, block)), device=x.device, dtype=torch.float32))
 
 
@@ -522,19 +557,19 @@ def vt_keys(S, order):
     return -(-S // 32) * 32 if order else S
 
 
-def quantize_rows(x, block, rotate, descale=None):
+def quantize_rows(x, block, rotate, descale=None, int8=False):
     """(x8, descale): x [B, H, S, D] (stride(-1) == 1) in e4m3 [B, H, S, D] with one scale per block
     of rows, descale fp32 [B, H, cdiv(S, block)] (or into the given one, its last stride 1 or 4);
-    rotated by diag(signs) H_D / sqrt(D) when rotate. One launch of quant_rows."""
+    rotated by diag(signs) H_D / sqrt(D) when rotate; int8 (amax at 127) when int8. One launch of quant_rows."""
     assert x.stride(-1) == 1
     B, H, S, D = x.shape
-    x8, own = rows_out(x, block)
+    x8, own = rows_out(x, block, int8)
     descale = own if descale is None else descale
     if S and B * H:
         r = signed_hadamard(D, x.dtype, x.device)
         quant_rows[(triton.cdiv(S, QUANT_TILES * block), B * H)](
             x, x8, descale, r, S, H, x.stride(0), x.stride(1), x.stride(2), 1.0 / math.sqrt(D), bool(rotate),
-            EXACT_ROUND, D, block, QUANT_TILES, descale.stride(-1), **quant_launch())
+            EXACT_ROUND, D, block, QUANT_TILES, descale.stride(-1), bool(int8), **quant_launch())
     return x8, descale
 
 
@@ -592,9 +627,9 @@ def quantize_qkv(q, k, v, operand_order=None, paired=None):
     BLOCK_M, BLOCK_N = tiles()[:2]
     order = OPERAND_ORDER if operand_order is None else operand_order
     rec = descale_records(k) if (PAIRED_DESCALES if paired is None else paired) else None
-    if not ONE_LAUNCH or V_RESIDUAL:                                 # (quant_qkv writes no residual)
-        q8, dq = quantize_rows(q, BLOCK_M, True)
-        k8, dk = quantize_rows(k, BLOCK_N, True, None if rec is None else rec[..., 0])
+    if not ONE_LAUNCH or V_RESIDUAL or INT8_QK:                      # (quant_qkv writes neither)
+        q8, dq = quantize_rows(q, BLOCK_M, True, int8=bool(INT8_QK))
+        k8, dk = quantize_rows(k, BLOCK_N, True, None if rec is None else rec[..., 0], int8=bool(INT8_QK))
         v8t, dv = quantize_v_transposed(v, BLOCK_N, None if rec is None else rec[..., 1], order)
         return q8, dq, k8, dk, v8t, dv
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
@@ -647,6 +682,8 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
     assert q_per and descale_q.shape == (B, Hq, nq), \
         f"descale_q {tuple(descale_q.shape)}: one per query tile or per key tile"
     assert descale_k.shape == descale_v.shape == (B, Hkv, nk), "descale_k, descale_v: one per key tile"
+    int8 = (INT8_QK or 2) if q8.dtype == torch.int8 else 0         # int8 Q and K: INT8_QK's conversion
+    assert (k8.dtype == torch.int8) == bool(int8) and not (int8 and AHEAD_S), "q8 and k8 both int8, without AHEAD_S"
     descs = v5.descriptors(q8, k8, v8t, o, BLOCK_M, BLOCK_N)
     launch = {} if INTERPRET else dict(num_warps=num_warps, num_stages=num_stages)
     if maxnreg and not INTERPRET:
@@ -657,7 +694,7 @@ def run_kernel(q8, k8, v8t, descale_q, descale_k, descale_v, causal, scale, out_
         descales = (t.float().contiguous() for t in (descale_q, descale_k, descale_v))
     fp8_block_fwd[(triton.cdiv(Sq, BLOCK_M), B * Hq)](
         *descs, lse, *descales, Hq, Hkv, Sq, Skv, nq, nk, scale, bool(causal), Hq // Hkv, q_per, EXACT_ROUND, D,
-        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, AHEAD_S, V_RESIDUAL, **launch)
+        BLOCK_M, BLOCK_N, EXP2_FMA, LAZY_RESCALE, PAIRED_DESCALES, order, AHEAD_S, V_RESIDUAL, int8, **launch)
     return o, lse
 
 
