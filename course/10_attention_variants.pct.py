@@ -915,6 +915,51 @@ for label, r in (("no rotation", lambda x: x), ("rotated Q and K", rot)):
 # run; `2026-12-04_h200_step10_fp8_v_residual.txt`): FA3's accuracy at a price its speed does not pay. The switch
 # is off.
 #
+# ### Another format for $QK^\top$
+#
+# After the rotation a block of $Q$ or $K$ is close to Gaussian: no entry far above the others. That is where e4m3's
+# exponent stops paying. It keeps the same relative precision from the block's largest entry down through many
+# binades, which such a block hardly uses, while its 3 mantissa bits put an entry of the block's typical size on a
+# grid of 8 steps a binade. An 8-bit integer with the block's largest entry at 127 spends all its bits on one
+# uniform grid, about twice as fine for the typical entry. Hopper's tensor cores multiply int8 at e4m3's rate and
+# sum exactly in int32, and SageAttention (Zhang et al., 2024) quantises $Q$ and $K$ to int8 for this reason,
+# keeping $\tilde P$ and $V$ in FP8 ($\tilde P$'s entries span many binades, which a uniform grid would lose).
+# On the same head as above, with $V$ and $\tilde P$ as `v7` rounds them:
+
+# %%
+def int8_blocks(x, block):
+    """x rounded to integers with one scale per block of rows (its largest entry at 127), the scale applied back."""
+    xb = x.reshape(-1, block, x.shape[-1])
+    step = xb.abs().amax(dim=(1, 2), keepdim=True).clamp_min(1e-30) / 127
+    return (torch.round(xb / step) * step).reshape(x.shape)
+
+
+qr = rot(qa)
+for name, q_r in (("e4m3", fp8(qr, block=64)), ("int8", int8_blocks(qr, 64))):
+    print(f"rotated Q in {name}: RMS rounding error {float((q_r - qr).pow(2).mean().sqrt() / qr.pow(2).mean().sqrt()):.2%} "
+          f"of its RMS")
+s_ref, _ = attention_emulated(qa.double(), ka.double(), va.double())
+v_8 = fp8(va, block=128)
+print(f"{'Q and K':22s} {'RMSE of O':>10s} {'RMS error of S':>15s}")
+for label, cq, ck in (("e4m3, rotated (v7)", fp8(qr, block=64), fp8(rot(ka), block=128)),
+                      ("int8, rotated", int8_blocks(qr, 64), int8_blocks(rot(ka), 128)),
+                      ("int8, not rotated", int8_blocks(qa, 64), int8_blocks(ka, 128))):
+    s8, o8 = attention_emulated(cq, ck, v_8, cast_p=p256)
+    print(f"{label:22s} {float((o8.double() - o_ref).pow(2).mean().sqrt()):10.2e} "
+          f"{float((s8.double() - s_ref).pow(2).mean().sqrt()):15.4f}")
+
+# %% [markdown]
+# After the rotation int8 rounds $Q$ less than half as coarsely as e4m3, cuts the error of $S$ to about two fifths
+# and the RMSE of $O$ by almost a third; without the rotation it is worse than e4m3, since one outlier then sets its
+# block's grid. Over eight heads at 8192 keys the emulation reads 6.38e-3 against `v7`'s 9.19e-3, and $QK^\top$'s
+# share of it 2.01e-3 against 6.94e-3 (`2026-12-05_cpu_step10_int8_qk_error.txt`): what is left is $V$'s and
+# $\tilde P$'s rounding. `v7_fp8_fa3`'s switch `INT8_QK` does it in the kernel (its quantisers store integers, the
+# first product is an s8 WGMMA), and in Triton's interpreter it reads what the emulation reads. Its price is one
+# instruction a score: the int32 sums must become fp32 before the softmax, by a conversion or by reading them as
+# the low bits of $1.5 \cdot 2^{23}$ plus the sum, and the key loop issues 569 instructions a warp for a 128-key
+# tile against 505 (its SASS, compiled on a CPU: `2026-12-05_cpu_step10_int8_qk_sass.txt`). Whether the speed pays
+# for that is a GPU measurement not made yet; the switch is off.
+#
 # `v7_fp8_fa3` does this on the GPU: one fused Triton kernel per tensor reads the fp16 tile once,
 # multiplies $Q$ and $K$ tiles by diag(signs) $H_D / \sqrt{D}$ with one `tl.dot` (entries $\pm 1$, exact),
 # takes the tile's amax, and writes e4m3 and the tile's scale ($V$ goes out transposed, the layout the

@@ -467,7 +467,7 @@ MAGNITUDES: dict[tuple[str, str], tuple[str, str | None]] = {
     (_C + "10_attention_variants.pct.py", "2.4 \\times 10^{-2}"): ("FA3's Table 3, plain FP8", None),
     (_C + "10_attention_variants.pct.py", "10^{-3}"): ("FA3's Table 3, 9.1e-3 with its quantisation", None),
     **{(_C + "10_attention_variants.pct.py", m): ("an RMSE of the committed records the sentence names", None)
-       for m in ("9.7e-3", "7.6e-3", "5.7e-3", "9.51e-3", "7.36e-3")},
+       for m in ("9.7e-3", "7.6e-3", "5.7e-3", "9.51e-3", "7.36e-3", "6.38e-3", "9.19e-3", "2.01e-3", "6.94e-3")},
     (_C + "11_interchangeable_kernels.pct.py", "10^{-3}"): (_RULE, None),
     (_C + "11_interchangeable_kernels.pct.py", "1e-2"): ("FlashInfer-Bench's default max_atol", None),
     (_C + "11_interchangeable_kernels.pct.py", "1e-5"): ("FlashInfer-Bench's default max_rtol", None),
