@@ -276,9 +276,9 @@ SCRIPT = """
         return {"max_rel_diff": worst}
     attempt(lazy_rescale, kind="entry", case="lazy_rescale")
 
-    def v_residual():
-        # V_RESIDUAL: V's rounding error added back by a second P V dot cuts O's error on FA3's outlier inputs;
-        # ragged causal rows that see no key still give 0 and -inf
+    def by_switch(name, values, inspect=None):
+        # {value: O's RMSE on FA3's outlier inputs} for each value of v7's switch `name` (its first value after);
+        # ragged causal rows that see no key give 0 and -inf with every value
         q, k, v = v7.fa3_outlier_inputs(1, 2, 512, 128, seed=0, outliers=True)
         from facourse.reference import reference_attention
         ref, _ = reference_attention(q.double(), k.double(), v.double(), False)
@@ -286,48 +286,40 @@ SCRIPT = """
         qr, kr, vr = (torch.randn(1, 2, S, 64, generator=g).half() for S in (200, 80, 80))
         err, empty = {}, {}
         try:
-            for resid in (False, True):
-                v7.V_RESIDUAL = resid
+            for value in values:
+                setattr(v7, name, value)
+                if inspect:
+                    inspect(value, q, k, v)
                 o, _ = v7.run_end_to_end(q, k, v, False)
-                err[resid] = float((o.double() - ref).pow(2).mean().sqrt())
+                err[value] = float((o.double() - ref).pow(2).mean().sqrt())
                 o, lse = v7.run_end_to_end(qr, kr, vr, True)
-                empty[resid] = (torch.isneginf(lse), o)
+                empty[value] = (torch.isneginf(lse), o)
         finally:
-            v7.V_RESIDUAL = False
-        (e0, _), (e1, o1) = empty[False], empty[True]
-        assert e0.any() and torch.equal(e0, e1) and bool((o1[e1] == 0).all())
+            setattr(v7, name, values[0])
+        e0 = empty[values[0]][0]
+        for e1, o1 in (empty[value] for value in values[1:]):
+            assert e0.any() and torch.equal(e0, e1) and bool((o1[e1] == 0).all())
+        return err
+
+    def v_residual():
+        # V_RESIDUAL: V's rounding error added back by a second P V dot cuts O's error
+        err = by_switch("V_RESIDUAL", (False, True))
         assert err[True] < 0.93 * err[False], err
         return {"rmse": err[False], "rmse_v_residual": err[True]}
     attempt(v_residual, kind="entry", case="v_residual")
 
+    def int8_quantised(mode, q, k, v):
+        # the quantisers store integers, the largest of each block at 127, within half a step of Q M
+        q8, dq, k8, dk, _, _ = v7.quantize_qkv(q, k, v)
+        if mode:
+            assert q8.dtype == k8.dtype == torch.int8 and int(q8.abs().max()) == int(k8.abs().max()) == 127
+            xr = v7.rotate_reference(q)[0, 0, :64]                        # the first block of Q, rotated
+            assert torch.allclose(q8[0, 0, :64].float() * dq[0, 0, 0], xr, atol=0.51 * float(dq[0, 0, 0]))
+
     def int8_qk():
-        # INT8_QK: Q and K quantised to int8 (integers, amax at 127 a block) cut O's error on FA3's outlier inputs,
-        # by either conversion of S; ragged causal rows that see no key still give 0 and -inf
-        q, k, v = v7.fa3_outlier_inputs(1, 2, 512, 128, seed=0, outliers=True)
-        from facourse.reference import reference_attention
-        ref, _ = reference_attention(q.double(), k.double(), v.double(), False)
-        g = torch.Generator().manual_seed(5)
-        qr, kr, vr = (torch.randn(1, 2, S, 64, generator=g).half() for S in (200, 80, 80))
-        err, empty = {}, {}
-        try:
-            for mode in (0, 1, 2):
-                v7.INT8_QK = mode
-                q8, dq, k8, dk, _, _ = v7.quantize_qkv(q, k, v)
-                if mode:
-                    assert q8.dtype == k8.dtype == torch.int8 and int(q8.abs().max()) == int(k8.abs().max()) == 127
-                    xr = v7.rotate_reference(q)[0, 0, :64]                # the first block of Q, rotated
-                    assert torch.allclose(q8[0, 0, :64].float() * dq[0, 0, 0], xr, atol=0.51 * float(dq[0, 0, 0]))
-                o, _ = v7.run_end_to_end(q, k, v, False)
-                err[mode] = float((o.double() - ref).pow(2).mean().sqrt())
-                o, lse = v7.run_end_to_end(qr, kr, vr, True)
-                empty[mode] = (torch.isneginf(lse), o)
-        finally:
-            v7.INT8_QK = 0
-        e0 = empty[0][0]
-        for mode in (1, 2):
-            e1, o1 = empty[mode]
-            assert e0.any() and torch.equal(e0, e1) and bool((o1[e1] == 0).all())
-            assert err[mode] < 0.8 * err[0], err
+        # INT8_QK: Q and K in int8 cut O's error, by either conversion of S
+        err = by_switch("INT8_QK", (0, 1, 2), int8_quantised)
+        assert err[1] < 0.8 * err[0] and err[2] < 0.8 * err[0], err
         return {"rmse": err[0], "rmse_int8_cvt": err[1], "rmse_int8_bits": err[2]}
     attempt(int8_qk, kind="entry", case="int8_qk")
 
