@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import secrets
 import sys
 
@@ -93,6 +94,50 @@ _ATEN_EXP = {"aten::exp", "aten::exp2", "aten::expm1", "aten::special_exp2", "at
 _EXP_CAUSE = ("this exercise computes 2^x itself, as FlashAttention-4 does on the FMA pipes: the range reduction, "
               "a polynomial for 2^f and the exponent bits. PyTorch's exponentials (exp, exp2, pow with a tensor "
               "exponent, ldexp, sigmoid, ...) may not be called from it")
+# e^x under more names: a 1x1 matrix exponential, Q(1, t) = e^-t, ratios of Bessel functions, 2^-s = zeta(s, 2) -
+# zeta(s, 3), CTC's gradient; and every listed op's _foreach_, _backward, _forward and _jvp forms (elu's gradient is e^x)
+_ATEN_EXP |= {"aten::linalg_matrix_exp", "aten::matrix_exp", "aten::igamma", "aten::igammac", "aten::special_zeta",
+              "aten::_ctc_loss", "aten::ctc_loss"} | {f"aten::special_{s}modified_bessel_{k}" for s in ("", "scaled_")
+                                                       for k in ("i0", "i1", "k0", "k1")}
+_EXP_FORMS = re.compile(r"aten::(?:_foreach_)?(.*?)(?:_backward|_forward|_jvp)?_?")
+_EXP_POW = {"aten::pow.Scalar", "aten::pow.Tensor_Tensor", "aten::pow_.Tensor", "aten::pow.Scalar_out",
+            "aten::pow.Tensor_Tensor_out", "aten::_foreach_pow.List", "aten::_foreach_pow_.List",
+            "aten::_foreach_pow.ScalarAndTensor"}
+_RNN = ("lstm", "gru", "rnn")           # recurrent layers run sigmoid and tanh inside one fused kernel
+
+
+def _exponential(name: str) -> bool:
+    """Whether the aten operator ``name`` (overload included) computes an exponential of its input."""
+    op = name.split(".")[0]
+    form = _EXP_FORMS.fullmatch(op)
+    core = f"aten::{form.group(1)}" if form else op
+    return op.rstrip("_") in _ATEN_EXP or core in _ATEN_EXP or name in _EXP_POW or any(r in core for r in _RNN)
+
+
+#: More values than this, read by exp2_poly but not computed from x in the call, are a table (a polynomial's
+#: coefficients fit in fewer); as many of x's values may leave PyTorch as Python numbers (a test, a print)
+FEW_VALUES = 8
+_EXITS = {"tolist", "numpy", "__array__", "__dlpack__", "data_ptr", "untyped_storage", "storage", "_typed_storage"}
+_OUTSIDE_CAUSE = ("NumPy, math and Python's ** compute exponentials where the grader cannot see them: exp2_poly "
+                  "computes 2^x in PyTorch, on tensors, with arithmetic, floor, clamp and bit operations")
+_TABLE_CAUSE = ("a table of powers made before the call (by an exponential the grader did not see), from Python "
+                "numbers or from NumPy is an exponential in disguise: compute 2^n in the exponent bits and 2^f with "
+                f"your polynomial, its coefficients Python floats (or a tensor of at most {FEW_VALUES})")
+_COMPLEX_CAUSE = ("complex numbers hide an exponential (cos(i t) = cosh t): exp2_poly works on float32 values and "
+                  "their int32 bits")
+
+
+def _tensors(obj) -> list:
+    from torch.utils._pytree import tree_flatten
+
+    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    with torch._C.DisableTorchFunction():          # (inside the guard's own modes: not the student's call)
+        return t.untyped_storage().data_ptr()
+
+
 #: What a guarded call with ``forbid_kv_copies`` may allocate besides its outputs (o like q, lse): one copy
 #: of each input (a .contiguous() of q, k or v) and this much more.
 KV_COPY_SLACK = 64 * 1024
@@ -117,6 +162,9 @@ class _Watch:
         self.kv = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size() for t in kv or ()}
         self.seen = set(self.kv)
         self.budget, self.allocated = budget, 0
+        # forbid_exp: the storages the call was given or computed, how many values it took out of PyTorch
+        self.made: set = set()
+        self.values_out = 0
 
     def allocations(self, func, args, out) -> None:
         """Under forbid_kv_copies: an op on K or V whose result holds more elements than K or V
@@ -140,6 +188,19 @@ class _Watch:
             self.flag(f"memory for {self.allocated / 2**20:.2f} MiB of new tensors, more than its outputs and one "
                       f"copy of q, k and v ({self.budget / 2**20:.2f} MiB)", "K and V copied once per query head? "
                       + _KV_COPY_CAUSE.split(": ", 1)[1])
+
+    def took_out(self, api: str, n: int) -> None:
+        """Under forbid_exp: ``n`` more values left PyTorch (as Python numbers or NumPy's) through ``api``."""
+        self.values_out += n
+        if self.values_out > FEW_VALUES:
+            self.flag(f"{api}, taking {self.values_out} values out of PyTorch", _OUTSIDE_CAUSE)
+
+    def reads(self, name: str, args) -> None:
+        """Under forbid_exp: each tensor an op reads was given to the call, computed in it, or is a few values."""
+        for t in _tensors(args):
+            if t.numel() > FEW_VALUES and _storage_key(t) not in self.made:
+                self.flag(f"{name} on a tensor of {t.numel()} values that it did not compute from its input in "
+                          "this call", _TABLE_CAUSE)
 
     def flag(self, api: str, cause: str) -> None:
         msg = (f"[anti-cheat] {self.name} called {api} while it was being graded.\n"
@@ -174,6 +235,9 @@ class _FunctionGuard(_Watching, TorchFunctionMode):
             self.watch.flag(_SDPA_FUNCS[func], _ATTN_CAUSE)
         if func in _SOFTMAX_FUNCS and args:
             self.watch.softmax(_SOFTMAX_FUNCS[func], args[0], _softmax_dim(args, kwargs, False))
+        if (self.watch.forbid_exp and getattr(func, "__name__", None) in _EXITS and args
+                and isinstance(args[0], torch.Tensor)):
+            self.watch.took_out(f"Tensor.{func.__name__}", args[0].numel())
         return func(*args, **kwargs)
 
 
@@ -212,13 +276,19 @@ class _DispatchGuard(_Watching, _LazyDynamoMode):
             self.watch.flag(f"PyTorch's attention kernel ({name})", _ATTN_CAUSE)
         if self.watch.forbid_matmul and name.split(".")[0] in _ATEN_MATMUL:
             self.watch.flag(f"a PyTorch matrix product ({name})", _MATMUL_CAUSE)
-        if self.watch.forbid_exp and (name.split(".")[0].rstrip("_") in _ATEN_EXP
-                                      or name in ("aten::pow.Scalar", "aten::pow.Tensor_Tensor", "aten::pow_.Tensor",
-                                                  "aten::pow.Scalar_out", "aten::pow.Tensor_Tensor_out")):
-            self.watch.flag(f"a PyTorch exponential ({name})", _EXP_CAUSE)
+        if self.watch.forbid_exp:
+            if _exponential(name):
+                self.watch.flag(f"a PyTorch exponential ({name})", _EXP_CAUSE)
+            if name == "aten::_local_scalar_dense" and args[0].is_floating_point():
+                self.watch.took_out("item() or float()", 1)
+            self.watch.reads(name, (args, kwargs))
         if name.split(".")[0] in _ATEN_SOFTMAX and args:
             self.watch.softmax(name.split(".")[0], args[0], _softmax_dim(args, kwargs, True))
         out = func(*args, **kwargs)
+        if self.watch.forbid_exp:
+            if any(t.is_complex() for t in _tensors(out)):
+                self.watch.flag(f"{name} on complex numbers", _COMPLEX_CAUSE)
+            self.watch.made |= {_storage_key(t) for t in _tensors(out)}
         if self.watch.budget is not None:
             self.watch.allocations(func, (args, kwargs), out)
         return out
@@ -424,13 +494,23 @@ def forbid_framework_attention(fn, allow_softmax: bool = False, forbid_matmul: b
 def forbid_exponentials(fn):
     """``fn`` wrapped so that it may not reach any PyTorch exponential while it runs (step 14's exp2_poly:
     ``_ATEN_EXP``, at the dispatcher, so every alias and ``torch.ops.aten`` route is covered); a call the
-    student's code catches is still reported when it returns."""
+    student's code catches is still reported when it returns. Nor may it compute where the dispatcher does not
+    look: take more than ``FEW_VALUES`` of its values out of PyTorch (``tolist``, ``numpy``, ``item``: NumPy,
+    ``math`` or Python's ``**`` would do the exponentials), read a tensor of more values that the call neither
+    was given nor computed (a table of powers made beforehand), compute on complex numbers, or return a result
+    that no operation of the call produced."""
     name = getattr(fn, "__name__", "the entry point")
 
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
-        with framework_attention_forbidden(name, allow_softmax=True, forbid_exp=True):
-            return fn(*args, **kwargs)
+        with framework_attention_forbidden(name, allow_softmax=True, forbid_exp=True) as watch:
+            watch.made |= {_storage_key(t) for t in _tensors((args, kwargs))}
+            out = fn(*args, **kwargs)
+            for t in _tensors(out):
+                if t.numel() > FEW_VALUES and _storage_key(t) not in watch.made:
+                    watch.flag(f"no PyTorch operation for its result ({t.numel()} values from NumPy, Python or "
+                               "another thread)", _OUTSIDE_CAUSE)
+        return out
 
     return guarded
 

@@ -50,6 +50,31 @@ def test_planted_bugs_13(tmp_path):
                                                     "")},
         "roof_max": {"roofline_point": _mutate(roof, "min(roofs", "max(roofs")},
         "zero_bytes": {"roofline_point": _mutate(roof, " if moved else math.inf", "")},
+        # the H200's limits written into the function: right on every launch of the H200, wrong on other SMs
+        "h200_numbers": {"occupancy": _mutate(occ, "    warps = -(-",
+                                              f"    gpu = {dict(OCCUPANCY_GPU)!r}\n    warps = -(-")},
+        "warps_plus_one": {"occupancy": _mutate(occ, '-(-launch["launch__block_size"] // gpu["warp_size"])',
+                                                'launch["launch__block_size"] // gpu["warp_size"] + 1')},
+        "no_static": {"occupancy": _mutate(occ, 'launch["launch__shared_mem_per_block_static"] + ', "")},
+        "edges_table": {"occupancy": _table("occupancy", _occupancy_table())},
+        "ns_as_us": {"roofline_point": _mutate(roof, '["gpu__time_duration.sum"] * 1e-9',
+                                               '["gpu__time_duration.sum"] * 1e-6')},
+        "gbps_as_bytes": {"roofline_point": _mutate(roof, 'roofs["gbps"] * 1e9 / 1e12', 'roofs["gbps"] / 1e12')},
+        "flop_per_second": {"roofline_point": _mutate(roof, 'kernel["work"] / seconds / 1e12',
+                                                      'kernel["work"] / seconds')},
+        "work_doubled": {"roofline_point": _mutate(
+            roof, "    seconds = ", '    kernel = {**kernel, "work": 2 * kernel["work"]}\n    seconds = ')},
+        "bound_swapped": {"roofline_point": _mutate(roof, '"memory" if memory_roof < roofs["tflops"] else "compute"',
+                                                    '"compute" if memory_roof < roofs["tflops"] else "memory"')},
+        "no_traffic_zero": {"roofline_point": _mutate(roof, " if moved else math.inf", " if moved else 0.0")},
+        "roof_edges_table": {"roofline_point": _table("roofline_point", _roofline_table())},
+    }
+    right = {   # correct answers written differently: every test passes
+        # bytes = rate x ns x 1e-9 rounds otherwise than rate x (ns x 1e-9): the kernel at the ridge lands an ulp left
+        "bytes_in_one_product": {"roofline_point": _mutate(
+            roof, 'kernel["dram__bytes.sum.per_second"] * seconds',
+            'kernel["dram__bytes.sum.per_second"] * kernel["gpu__time_duration.sum"] * 1e-9')},
+        "ridge_inclusive": {"roofline_point": _mutate(roof, "memory_roof < roofs", "memory_roof <= roofs")},
     }
     expect = {   # bug: (the test it fails, what its message says, the tests it passes)
         "max_smem": ("test_occupancy_records", "carve-out the SM is configured with", ROOF),
@@ -63,8 +88,54 @@ def test_planted_bugs_13(tmp_path):
         "roof_max": ("test_roofline_records", "the lower of the two", OCC),
         "zero_bytes": ("test_roofline_edges", "its intensity is math.inf", OCC + ["test_roofline_records",
                                                                             "test_roofline_random"]),
+        "h200_numbers": ("test_occupancy_random", "not the H200's numbers", ROOF + ["test_occupancy_records",
+                                                                                 "test_occupancy_edges"]),
+        "warps_plus_one": ("test_occupancy_records", "a warp too many", ROOF),
+        "no_static": ("test_occupancy_records", "launch__shared_mem_per_block_static was left out", ROOF),
+        # a table of the committed launches and of the edges the grader lists: the edges are drawn from the seed
+        "edges_table": ("test_occupancy_edges", "launches wrong", ROOF + ["test_occupancy_records"]),
+        "ns_as_us": ("test_roofline_records", "x 1e-6 reads microseconds", OCC),
+        "gbps_as_bytes": ("test_roofline_records", "roofs['gbps'] is in GB/s", OCC),
+        "flop_per_second": ("test_roofline_records", "not FLOP/s", OCC),
+        "work_doubled": ("test_roofline_records", "not twice", OCC),
+        "bound_swapped": ("test_roofline_records", "are swapped", OCC),
+        "no_traffic_zero": ("test_roofline_edges", "not 0: the compute roof", OCC + ["test_roofline_records",
+                                                                                   "test_roofline_random"]),
+        "roof_edges_table": ("test_roofline_edges", "kernels wrong", OCC + ["test_roofline_records"]),
     }
-    assert_planted(planted_verdicts(tmp_path, A13, GIVEN, bugs), expect)
+    got = planted_verdicts(tmp_path, A13, GIVEN, {**bugs, **right})
+    assert_planted({b: got[b] for b in bugs}, expect)
+    for name in right:
+        wrong = {t: v["message"][:600] for t, v in got[name].items() if v["points"] != v["max"]}
+        assert not wrong, f"{name} is right and lost points: {wrong}"
+
+
+def _occupancy_table() -> dict:
+    """ncu's limits of every committed launch and the reference's of the edges, on the seeds a student could try."""
+    table = {repr(sorted(launch.items())): ncu for launch, ncu in P.record_launches()}
+    for seed in range(4):
+        for launch, *_ in P.occupancy_inputs("edges", seed):
+            table[repr(sorted(launch.items()))] = P.occupancy_limits(launch)
+    return table
+
+
+def _roofline_table() -> dict:
+    table = {}
+    for case in ("records", "edges"):
+        for seed in range(4):
+            for k, r in zip(*P.roofline_inputs(case, seed)):
+                table[repr(sorted(k.items())) + repr(sorted(r.items()))] = P.roofline_reference(k, r)
+    return table
+
+
+def _table(name: str, table: dict) -> str:
+    """A cell that answers from ``table`` and guesses elsewhere: the answers written in, no formula."""
+    args = "launch, gpu" if name == "occupancy" else "kernel, roofs"
+    key = "repr(sorted(launch.items()))" if name == "occupancy" else \
+        "repr(sorted(kernel.items())) + repr(sorted(roofs.items()))"
+    guess = "(1, 1, 1, 32)" if name == "occupancy" else '(1.0, 1.0, 1.0, "memory", None)'
+    return (f"inf = math.inf\nTABLE = {table!r}\n\n\ndef {name}({args}):\n"
+            f"    return TABLE.get({key}, {guess})\n")
 
 
 # ----------------------------------------------------------------------------- the check, in process
@@ -91,8 +162,9 @@ def test_the_solution_passes_every_case(seed):
         check_roofline_fn(sol["roofline_point"], case, seed=seed, verbose=False)
 
 
-@pytest.mark.parametrize("bug", ["warps_floor", "no_register_rounding", "no_warp_granularity", "threads_registers",
-                                 "no_reserve", "no_smem_rounding", "max_smem"])
+@pytest.mark.parametrize("bug", ["warps_floor", "warps_plus_one", "no_register_rounding", "no_warp_granularity",
+                                 "threads_registers", "no_reserve", "no_static", "no_dynamic", "no_smem_rounding",
+                                 "max_smem", "h200_numbers"])
 def test_every_occupancy_mistake_is_caught_and_named_on_any_seed(bug):
     for seed in range(12):
         with pytest.raises(ProfilingCheckError) as err:
@@ -101,12 +173,62 @@ def test_every_occupancy_mistake_is_caught_and_named_on_any_seed(bug):
         assert P.OCCUPANCY_MISTAKES[bug].split("{")[0][:30] in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("bug", ["rate_as_bytes", "roof_max", "executed", "useful_inverse"])
+@pytest.mark.parametrize("bug", ["rate_as_bytes", "roof_max", "executed", "useful_inverse", "ns_as_us", "ns_as_s",
+                                 "gbps_as_bytes", "gbps_as_tbps", "flop_per_second", "roof_flops", "work_doubled",
+                                 "useful_half", "bound_swapped"])
 def test_every_roofline_mistake_is_caught_and_named(bug):
     for case in ("records", "random"):
         with pytest.raises(ProfilingCheckError, match="likely cause") as err:
             check_roofline_fn(lambda k, r: P.roofline_reference(k, r, bug=bug), case, seed=3, verbose=False)
         assert P.ROOFLINE_MISTAKES[bug][:40] in str(err.value)
+
+
+def test_no_dram_traffic_read_as_zero_intensity_is_named():
+    for seed in range(3):
+        with pytest.raises(ProfilingCheckError) as err:
+            check_roofline_fn(lambda k, r: P.roofline_reference(k, r, bug="no_traffic_zero"), "edges", seed=seed,
+                              verbose=False)
+        assert P.ROOFLINE_MISTAKES["no_traffic_zero"][:40] in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_correct_answers_written_otherwise_pass(seed):
+    """The same answers by other arithmetic: float rounding may put the kernel at the ridge an ulp to either side."""
+    roof = _solution()["roofline_point"]
+
+    def one_product(k, r):              # bytes = rate x ns x 1e-9: rounds otherwise than rate x (ns x 1e-9)
+        i, t, roof_t, bound, u = roof(k, r)
+        moved = k["dram__bytes.sum.per_second"] * k["gpu__time_duration.sum"] * 1e-9
+        i = k["work"] / moved if moved else math.inf
+        return i, t, min(r["tflops"], i * r["gbps"] / 1e3), "memory" if i * r["gbps"] / 1e3 < r["tflops"] else \
+            "compute", u
+
+    def ridge_first(k, r):              # the intensity against the ridge, both per second
+        seconds = k["gpu__time_duration.sum"] / 1e9
+        rate = k["dram__bytes.sum.per_second"]
+        i = k["work"] / seconds / rate if rate else math.inf
+        ridge = r["tflops"] * 1e12 / (r["gbps"] * 1e9)
+        return (i, k["work"] / seconds / 1e12, r["tflops"] if i >= ridge else i * r["gbps"] * 1e9 / 1e12,
+                "memory" if i < ridge else "compute", roof(k, r)[4])
+
+    def ridge_inclusive(k, r):          # memory-bound up to the ridge included: the roofs meet there
+        i, t, roof_t, bound, u = roof(k, r)
+        return i, t, roof_t, "memory" if i * r["gbps"] / 1e3 <= r["tflops"] else "compute", u
+
+    for fn in (one_product, ridge_first, ridge_inclusive):
+        for case in P.ROOFLINE_CASES:
+            check_roofline_fn(fn, case, seed=seed, verbose=False)
+
+
+def test_a_launch_on_another_sm_is_shown_with_its_limits():
+    occ = _solution()["occupancy"]
+
+    def warps_64(launch, gpu):          # one of the H200's numbers written in
+        return occ(launch, {**gpu, "max_warps_per_multiprocessor": 64})
+    with pytest.raises(ProfilingCheckError) as err:
+        check_occupancy_fn(warps_64, "random", seed=4, verbose=False)
+    text = str(err.value)
+    assert "max_warps_per_multiprocessor=" in text and "not the H200's numbers" in text, text
 
 
 def test_wrong_answers_are_told_apart():
@@ -133,10 +255,10 @@ def test_wrong_answers_are_told_apart():
          "it must be the string 'memory' or 'compute'")
     says(check_occupancy_fn, lambda launch, gpu: (*occ(launch, gpu)[:3], math.nan), "records", "whole number")
 
-    def ridge_memory(k, r):                    # memory-bound up to the ridge included: the edge case's fourth kernel
+    def compute_below_ridge(k, r):             # compute-bound just left of the ridge too: the bound is wrong there
         i, t, roof_t, bound, u = roof(k, r)
-        return i, t, roof_t, "memory" if i * r["gbps"] / 1e3 <= r["tflops"] else "compute", u
-    says(check_roofline_fn, ridge_memory, "edges", "bound")
+        return i, t, roof_t, "memory" if i * r["gbps"] / 1e3 < 0.5 * r["tflops"] else "compute", u
+    says(check_roofline_fn, compute_below_ridge, "random", "(bound)")
 
 
 def test_numpy_scalars_are_plain_numbers_in_the_judge():
@@ -162,6 +284,20 @@ def test_a_lookup_of_the_committed_answers_fails_the_hidden_cases():
     for case in ("random", "edges"):
         with pytest.raises(ProfilingCheckError):
             check_occupancy_fn(lookup, case, seed=1, verbose=False)
+
+
+def test_the_edges_are_drawn_from_the_seed():
+    """The edges the grader lists, answered from a table made on other seeds, fail: no case is the same for all."""
+    occ = {repr(sorted(launch.items())): P.occupancy_limits(launch)
+           for seed in range(3) for launch, *_ in P.occupancy_inputs("edges", seed)}
+    roof = {repr((sorted(k.items()), sorted(r.items()))): P.roofline_reference(k, r)
+            for seed in range(3) for k, r in zip(*P.roofline_inputs("edges", seed))}
+    with pytest.raises(ProfilingCheckError):
+        check_occupancy_fn(lambda launch, gpu: occ.get(repr(sorted(launch.items())), (0, 0, 0, 0)), "edges", seed=7,
+                           verbose=False)
+    with pytest.raises(ProfilingCheckError):
+        check_roofline_fn(lambda k, r: roof.get(repr((sorted(k.items()), sorted(r.items()))),
+                                                (1.0, 1.0, 1.0, "memory", None)), "edges", seed=7, verbose=False)
 
 
 def test_the_scan_flags_a_call_of_the_references():
@@ -228,3 +364,35 @@ def test_an_error_of_the_function_is_told_with_its_input_and_cause():
     with pytest.raises(ProfilingCheckError, match="intensity is math.inf"):
         check_roofline_fn(lambda k, r: k["work"] / (k["dram__bytes.sum.per_second"] * k["gpu__time_duration.sum"]),
                           "edges", seed=0, verbose=False)
+
+
+def test_a_division_by_zero_is_blamed_on_the_counter_that_is_zero():
+    roof, occ = _solution()["roofline_point"], _solution()["occupancy"]
+
+    def unguarded_useful(k, r):        # work / 0 on a kernel without tensor-core work, whose DRAM traffic is not 0
+        return (*roof(k, r)[:4], k["work"] / k["sm__ops_path_tensor_src_fp16.sum"])
+    with pytest.raises(ProfilingCheckError) as err:
+        check_roofline_fn(unguarded_useful, "records", seed=0, verbose=False)
+    assert "useful is None, not work / 0" in str(err.value) and "no DRAM bytes" not in str(err.value), str(err.value)
+
+    def no_dynamic(launch, gpu):       # sm_75 reserves nothing: a block of dynamic shared memory alone divides by 0
+        return occ({**launch, "launch__shared_mem_per_block_dynamic": 0}, gpu)
+    with pytest.raises(ProfilingCheckError) as err:
+        check_occupancy_fn(no_dynamic, "random", seed=0, verbose=False)
+    assert "count both" in str(err.value) and "reserved 1 KB" not in str(err.value), str(err.value)
+
+
+def test_answers_one_factor_off_say_so():
+    roof = _solution()["roofline_point"]
+    with pytest.raises(ProfilingCheckError) as err:     # intensity of half the work, the rest right
+        check_roofline_fn(lambda k, r: (roof(k, r)[0] / 2, *roof(k, r)[1:]), "records", seed=0, verbose=False)
+    assert "intensity is 0.5 x the expected on every kernel" in str(err.value), str(err.value)
+
+
+def test_mistakes_the_inputs_cannot_tell_apart_are_both_named():
+    """On the committed launches (whole warps) registers x threads and unrounded registers give the same limits."""
+    with pytest.raises(ProfilingCheckError) as err:
+        check_occupancy_fn(lambda launch, gpu: P.occupancy_limits(launch, gpu, bug="threads_registers"), "records",
+                           seed=0, verbose=False)
+    for bug in ("threads_registers", "no_register_rounding"):
+        assert P.OCCUPANCY_MISTAKES[bug][:40] in str(err.value), str(err.value)

@@ -3,7 +3,8 @@
 Grading: the solution (every autograded point, the written answer left to the instructor) and the
 untouched stub (0) through nbgrader (``GRADING``, the demo's samples, graded in
 tests/test_exercise_grading.py's one run); planted bugs through the judge, each losing the test that
-names it while the others pass; the guard that keeps PyTorch's exponentials out of ``exp2_poly``.
+names it while the others pass; the guard that keeps PyTorch's exponentials out of ``exp2_poly``, and
+with them NumPy's, Python's and a table of powers made beforehand.
 """
 from __future__ import annotations
 
@@ -50,6 +51,26 @@ def test_planted_bugs_14(tmp_path):
         "nan_on_empty": {"lazy_rescale_update": _mutate(
             upd, "base = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)", "base = m_new")},
         "no_alpha_l": {"lazy_rescale_update": _mutate(upd, "alpha * l + p.sum(-1)", "l + p.sum(-1)")},
+        # exponentials the dispatcher never sees: NumPy, Python's ** on the values, a table made before grading
+        "numpy": {"exp2_poly": _mutate(exp2, "    x = x.clamp(min=-127.0)", "    import numpy as np\n"
+                                       "    return torch.from_numpy(np.exp2(x.numpy()))")},
+        "python_pow": {"exp2_poly": _mutate(exp2, "    x = x.clamp(min=-127.0)",
+                                            "    return torch.tensor([2.0 ** t for t in x.reshape(-1).tolist()]).view(x.shape)")},
+        "table": {"exp2_poly": _mutate(_mutate(exp2, "def exp2_poly(x):", "TABLE = torch.exp2(torch.arange(4097.0) / 4096)"
+                                               "\n\n\ndef exp2_poly(x):"),
+                                       "((C3 * f + C2) * f + C1) * f + 1.0", "TABLE[(f * 4096).round().long()]")},
+        # the range reduction's and the exponent's classic slips
+        "horner_reversed": {"exp2_poly": _mutate(exp2, "((C3 * f + C2) * f + C1)", "((C1 * f + C2) * f + C3)")},
+        "bias_126": {"exp2_poly": _mutate(exp2, "(p.view(torch.int32) + (n.to(torch.int32) << 23))",
+                                          "(((n + 126).to(torch.int32) << 23) | (p.view(torch.int32) & 0x7FFFFF))")},
+        "shift_22": {"exp2_poly": _mutate(exp2, "<< 23", "<< 22")},
+        "ceil": {"exp2_poly": _mutate(exp2, "torch.floor(x)", "torch.ceil(x)")},
+        # the update: tau converted as if it were in natural-log units, P from the old m, no rescale at all
+        "threshold_ln2": {"lazy_rescale_update": _mutate(upd, "rowmax > m + threshold",
+                                                        "rowmax > m + threshold * math.log(2)")},
+        "p_old_m": {"lazy_rescale_update": _mutate(upd, "p = torch.exp2(s - base[:, None])",
+                                                   "p = torch.exp2(s - torch.where(torch.isneginf(m), 0.0, m)[:, None])")},
+        "no_alpha": {"lazy_rescale_update": _mutate(upd, "alpha = torch.exp2(m - base)", "alpha = torch.ones_like(m)")},
     }
     expect = {   # bug: (the test it fails, what its message says, the tests it passes)
         "trunc": ("test_exp2_grid", "rounds toward zero", RESCALE),   # (edges: x in (-127, -126) may wrap too)
@@ -63,6 +84,16 @@ def test_planted_bugs_14(tmp_path):
         "nan_on_empty": ("test_rescale_masked", "no finite score", EXP2 + ["test_rescale_random",
                                                                             "test_rescale_growing"]),
         "no_alpha_l": ("test_rescale_growing", "l was not rescaled", EXP2),
+        "numpy": ("test_exp2_softmax", "out of PyTorch", RESCALE),
+        "python_pow": ("test_exp2_grid", "out of PyTorch", RESCALE),
+        "table": ("test_exp2_edges", "did not compute from its input", RESCALE),
+        "horner_reversed": ("test_exp2_grid", "reverse order", RESCALE),
+        "bias_126": ("test_exp2_edges", "every result is half 2^x", RESCALE),
+        "shift_22": ("test_exp2_grid", "n << 23", RESCALE),
+        "ceil": ("test_exp2_grid", "n = ceil(x)", RESCALE),
+        "threshold_ln2": ("test_rescale_growing", "natural-log units", EXP2 + ["test_rescale_eager"]),
+        "p_old_m": ("test_rescale_random", "P was computed from the old m", EXP2),
+        "no_alpha": ("test_rescale_growing", "neither l nor acc was rescaled", EXP2),
     }
     assert_planted(planted_verdicts(tmp_path, A14, GIVEN, bugs), expect)
 
@@ -129,6 +160,12 @@ def test_wrong_results_are_told_apart():
         return (poly(x - n).view(torch.int32) + (n.to(torch.int32) << 23)).view(torch.float32)
 
     says(check_exp2_fn, rounded, "grid", "n = round(x) makes f = x - n negative")
+
+    def scaled(x):      # 2^n made apart and multiplied in: n = round(x) reaches 128 below x = 128, and 2^128 is inf
+        n = torch.round(x.clamp(min=-127.0))
+        return poly(x.clamp(min=-127.0) - n) * ((n.clamp(min=-126) + 127).to(torch.int32) << 23).view(torch.float32)
+
+    says(check_exp2_fn, scaled, "edges", "overflows")
     says(check_exp2_fn, lambda x: exp2(x.clamp(max=64.0)), "edges", "x is clamped from above")
     says(check_exp2_fn, lambda x: exp2(x.clamp(min=-126.0)), "softmax", "the clamp from below keeps 2^x")
 
@@ -145,8 +182,19 @@ def test_wrong_results_are_told_apart():
     lambda x: torch.ops.aten._masked_softmax(torch.stack([x, torch.zeros_like(x)], -1),
                                              torch.zeros(x.numel(), 2, dtype=torch.bool)),
     lambda x: torch.nn.functional.poisson_nll_loss(x, torch.zeros_like(x), log_input=True, reduction="none"),
+    # e^x by other names: a 1x1 matrix exponential, Q(1, t) = e^-t, elu's and softplus's gradients, the foreach
+    # form, K0's scaled form over K0, cos of an imaginary number (cosh), an LSTM's fused gates (sigmoid)
+    lambda x: torch.linalg.matrix_exp(x[:, None, None])[:, 0, 0],
+    lambda x: torch.special.gammaincc(torch.ones_like(x), -x),
+    lambda x: torch.ops.aten.elu_backward(torch.ones_like(x), 1.0, 1, 1, False, x),
+    lambda x: torch.ops.aten.softplus_backward(torch.ones_like(x), x, 1.0, 20.0),
+    lambda x: torch._foreach_exp([x])[0],
+    lambda x: torch.special.scaled_modified_bessel_k0(1 - x) / torch.special.modified_bessel_k0(1 - x),
+    lambda x: torch.cos(x * 1j).real,
+    lambda x: torch.nn.LSTM(1, 1)(x[:, None, None])[0],
 ], ids=["exp2", "Tensor.exp", "pow(2, x)", "2 ** x", "ldexp", "special.exp2", "exp2_", "aten", "sigmoid",
-        "pow(tensor, x)", "glu", "log_softmax backward", "masked softmax", "poisson_nll_loss"])
+        "pow(tensor, x)", "glu", "log_softmax backward", "masked softmax", "poisson_nll_loss", "matrix_exp",
+        "gammaincc", "elu_backward", "softplus_backward", "foreach", "bessel k0", "complex cos", "lstm"])
 def test_the_guard_refuses_pytorchs_exponentials(route):
     x = torch.linspace(-3, 0, 7)
     with pytest.raises(CheatDetected, match="exponential"):
@@ -167,6 +215,13 @@ def test_the_guard_lets_the_polynomial_and_the_bits_through():
     y = forbid_exponentials(exp2)(x)
     assert torch.allclose(y.double(), torch.exp2(x.double()), rtol=2.0 ** -12, atol=0)
     assert torch.equal(forbid_exponentials(lambda t: t ** 3 + t.floor() * 2)(x), x ** 3 + x.floor() * 2)
+    coefficients = torch.tensor([1.0, 0.5, 0.25, 0.125])       # a few coefficients in a tensor, a test or two
+
+    def polynomial(t):
+        if bool((t < -126).any()) or float(t.max()) > 128:
+            raise ValueError("out of range")
+        return (coefficients[2] * t + coefficients[1]) * t + coefficients[0]
+    assert torch.equal(forbid_exponentials(polynomial)(x), (0.25 * x + 0.5) * x + 1.0)
 
 
 @pytest.mark.gpu

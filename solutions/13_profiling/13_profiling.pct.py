@@ -41,20 +41,22 @@
 # - `occupancy(launch, gpu) -> (registers, shared_mem, warps, blocks)`: `launch` a dict of ncu's launch metrics
 #   (`launch__registers_per_thread`, `launch__block_size`, `launch__shared_mem_per_block_static`,
 #   `launch__shared_mem_per_block_dynamic` and `launch__shared_mem_config_size`, in bytes), `gpu` a dict of the
-#   SM's limits (`OCCUPANCY_GPU`, printed below). Returns four whole numbers: the blocks per SM each resource
-#   allows, as ncu's `launch__occupancy_limit_*` report them.
+#   SM's limits (the H200's is `OCCUPANCY_GPU`, printed below; some graded launches run on other SMs, whose dict has
+#   the same keys and other values). Returns four whole numbers: the blocks per SM each resource allows, as ncu's
+#   `launch__occupancy_limit_*` report them.
 # - `roofline_point(kernel, roofs) -> (intensity, tflops, roof_tflops, bound, useful)`: `kernel` a dict with
 #   `gpu__time_duration.sum` (ns), `dram__bytes.sum.per_second` (bytes/s), `sm__ops_path_tensor_src_fp16.sum`
 #   (executed tensor-core FLOPs, 0 when none) and `work` (useful FLOPs); `roofs` a dict with `tflops` and `gbps`.
 #   Returns the intensity (useful FLOPs per DRAM byte; `math.inf` with no DRAM traffic), the attained TFLOP/s,
-#   the roof above the kernel (TFLOP/s), `"memory"` or `"compute"` (which roof that is: memory strictly left of
-#   the ridge), and `work / executed` (`None` when the tensor cores did nothing). Floats within $10^{-6}$.
+#   the roof above the kernel (TFLOP/s), `"memory"` or `"compute"` (which roof that is: memory left of the ridge,
+#   compute right of it, either at the ridge itself), and `work / executed` (`None` when the tensor cores did
+#   nothing). Floats within $10^{-6}$.
 #   Both functions leave their dicts untouched.
 #
 # **What is graded** (6 points by the autograder, 2 by hand): both functions on every kernel of the committed
-# Nsight Compute run (your limits against ncu's own), on launches and kernels drawn from a seed you do not see,
-# and on the edges (blocks that are no multiple of 32, 255 registers, shared memory one byte over a step, no
-# DRAM traffic, no tensor-core work).
+# Nsight Compute run (your limits against ncu's own), on launches and kernels drawn from a seed you do not see
+# (some launches on SMs other than the H200), and on the edges (blocks that are no multiple of 32, 255 registers,
+# shared memory one byte over a step, no DRAM traffic, no tensor-core work), also at sizes drawn from the seed.
 
 # %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -156,14 +158,16 @@ for name, what in ROOFLINE_CASES.items():
     print(f"roofline  {name:8s} {what}")
 
 # %% nbgrader={"grade": true, "grade_id": "test_occupancy_random", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# hidden test: launches drawn from the seed, some whose shared memory fits only before the 128-byte rounding
+# hidden test: launches drawn from the seed, some whose shared memory fits only before the 128-byte rounding, some
+# on other SMs (other warps, blocks and shared-memory values in gpu)
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_occupancy_random", occupancy)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_occupancy_edges", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# hidden test: 255 registers, blocks of 1, 33 and 1024 threads, shared memory filling the carve-out exactly
+# hidden test: 255 registers, blocks of 1, 33 and 1024 threads, shared memory filling the carve-out exactly, and
+# more of each at sizes drawn from the seed
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_occupancy_edges", occupancy)
@@ -177,7 +181,7 @@ judge("test_roofline_random", roofline_point)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_roofline_edges", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# hidden test: no tensor-core work, no DRAM traffic, a kernel past the ridge
+# hidden test: no tensor-core work, no DRAM traffic, a kernel past the ridge and one at it, on roofs from the seed
 ### BEGIN HIDDEN TESTS
 from autograder.judge_client import judge  # grading only: the judge decides this test's points
 judge("test_roofline_edges", roofline_point)

@@ -122,16 +122,23 @@ def _exp2_cause(x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor, bad: torch.
                 "and 0 is an accepted answer), and take n = floor(x): with trunc, x in (-127, -126) still wraps")
     rel = torch.where(normal, (y - ref).abs() / ref, torch.zeros_like(ref))
     ratio = torch.where(normal & (ref > 0), y / ref, torch.ones_like(ref))
+    inner = normal & (x >= -125) & (x < 127)    # an exponent off by one wraps in the lowest and the highest binade
     for k, word in ((2.0, "twice"), (0.5, "half")):
-        if bool((bad & normal).any()) and bool(((ratio[normal] - k).abs() <= 2 * EXP2_BOUND * k).all()):
+        if bool((bad & inner).any()) and bool(((ratio[inner] - k).abs() <= 2 * EXP2_BOUND * k).all()):
             return (f"every result is {word} 2^x: the exponent is off by one. The polynomial gives 2^f in [1, 2), "
                     "whose exponent field already holds the bias 127; add n << 23 to its bits, no more")
+    over = bad & normal & torch.isposinf(y)
+    if bool(over.any()) and float(x[over].min()) >= 127:      # (inf lower down is no overflow of 2^n alone)
+        return (f"x = {float(x[over].min()):.6g} gives inf although 2^x is below 2^128 there: the result overflows. "
+                "A 2^n made on its own and multiplied by p(f) overflows once n reaches 128 (n = round(x) does for x "
+                ">= 127.5); adding n << 23 to the bits of p(f), with n = floor(x) <= 127, stays finite up to x < 128")
     f = x - torch.floor(x)
     finite_bad = bad & normal
     good = normal & ~bad
     if bool(finite_bad.any()) and bool(good.any()):
         x0, ys = float(x[good].max()), y[finite_bad]
-        if float(x[finite_bad].min()) > x0 and float(ys.max()) == float(ys.min()):
+        if (float(x[finite_bad].min()) > x0 and float(ys.max()) == float(ys.min())
+                and math.isfinite(float(ys[0]))):
             return (f"every x above {x0:.6g} gives the same {float(ys[0]):.6g}: x is clamped from above. 2^x must be "
                     "right wherever it is a normal float32 (up to x < 128): clamp x from below only")
         def rel_at(lo, hi):     # the largest relative error at f in [lo, hi)
@@ -155,24 +162,100 @@ def _exp2_cause(x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor, bad: torch.
 
     neg = by_f(negf)
     if (not bool((finite_bad & ~negf).any()) and neg[15] <= EXP2_BOUND
-            and max(range(16), key=lambda b: neg[b]) < 8):
+            and max(range(16), key=lambda b: neg[b]) < 8 and neg[0] >= max(neg) / 2):
         return ("wrong for negative x, most at f = x - floor(x) near 0 and right near 1: the range reduction rounds "
-                "toward zero (trunc, int(), .to(torch.int32)) instead of down, so for x < 0 the polynomial is "
-                "evaluated at x - trunc(x) in (-1, 0], where it was not made to work. Take n = floor(x) (f in "
-                "[0, 1)), or round to nearest and fit the polynomial on [-1/2, 1/2]")
-    # the same relative error at the same f for every n: the polynomial is what is off
+                "toward zero (trunc, int(), .to(torch.int32)) or up (ceil) instead of down, so for x < 0 the "
+                "polynomial is evaluated at x - trunc(x) in (-1, 0], where it was not made to work. Take n = floor(x) "
+                "(f in [0, 1)), or round to nearest and fit the polynomial on [-1/2, 1/2]")
+    varies = _varies_with_n(x, ratio, inner & (f > 0))
+    if varies:
+        return varies
     errs = by_f(normal)
     worst = max(range(16), key=lambda b: errs[b])
+    if (bool((finite_bad & (x > 0)).any()) and errs[15] <= EXP2_BOUND and errs[0] >= errs[worst] / 2
+            and not bool((finite_bad & (f == 0)).any())):      # (a rounding up jumps at f = 0+; a polynomial does not)
+        return ("wrong most at f = x - floor(x) near 0 and right near 1, for positive x as for negative, and right "
+                "at whole numbers: n = ceil(x) makes f = x - n lie in (-1, 0], where the polynomial was not made to "
+                "work. Take n = floor(x) (f in [0, 1))")
+    # the same relative error at the same f for every n: the polynomial is what is off
     if errs[worst] > EXP2_BOUND:
         where = f"f = x - floor(x) in [{worst / 16:.4g}, {(worst + 1) / 16:.4g})"
         ends = ("it grows towards f = 1: a Taylor polynomial about 0 is exact at 0 and worst at the far end"
                 if worst >= 12 and errs[0] < errs[worst] / 8 else "")
+        told = _told_polynomial(x, y, inner & torch.isfinite(y))
         return (f"the polynomial for 2^f is not accurate enough: its relative error reaches {errs[worst]:.3g} at "
-                f"{where} (allowed {EXP2_BOUND:.3g} = 2^-12){'; ' + ends if ends else ''}. Fit its coefficients over "
-                "the whole interval (least squares on a grid of f, or minimax), centre it (n = round(x), "
-                "|f| <= 1/2), or raise its degree; and evaluate it in float32 with Horner's rule")
+                f"{where} (allowed {EXP2_BOUND:.3g} = 2^-12){'; ' + ends if ends else ''}. "
+                + (told or "Fit its coefficients over the whole interval (least squares on a grid of f, or "
+                   "minimax), centre it (n = round(x), |f| <= 1/2), or raise its degree; and evaluate it in float32 "
+                   "with Horner's rule"))
     return ("the values are off although the polynomial's error at each f is small: check how n enters the "
             "exponent bits (y_bits = p_bits + (n << 23), in int32) and that the result is viewed back as float32")
+
+
+#: (c1, c2, c3) of a cubic fitted to 2^f over [0, 1] (least squares on the relative error) and Taylor's at 0
+_FITTED = (0.69504, 0.22831, 0.07633)
+_TAYLOR = (math.log(2), math.log(2) ** 2 / 2, math.log(2) ** 3 / 6)
+
+
+def _varies_with_n(x, ratio, where) -> str | None:
+    """Why, when y / 2^x at about the same fraction f differs from one whole part n = floor(x) to another: the
+    polynomial's error depends on f alone, so n enters the result wrongly."""
+    if int(where.sum()) < 2:
+        return None
+    r = ratio[where].nan_to_num(nan=1e30, posinf=1e30, neginf=-1e30)
+    f = x[where].double() - torch.floor(x[where].double())
+    bins = (f * 256).long().clamp(max=255)
+    hi = torch.full((256,), -math.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, bins, r, "amax")
+    lo = torch.full((256,), math.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, bins, r, "amin")
+    seen = torch.isfinite(hi) & torch.isfinite(lo)
+    spread, off = (hi - lo)[seen], torch.maximum((hi - 1).abs(), (lo - 1).abs())[seen]
+    if not bool(((spread > 0.05) & (spread > off / 2)).any()):
+        return None
+    n, good = torch.floor(x[where]), ((r - 1).abs() <= EXP2_BOUND)
+    wrong = sorted(set(n[~good].tolist()))
+    right = sorted(set(n[good].tolist()) - set(wrong))
+    which = f"wrong for n = {_wholes(wrong)}" + (f", right for n = {_wholes(right)}" if right else ": every n seen")
+    return (f"at the same fraction f = x - floor(x) the error differs from one whole part n = floor(x) to the next "
+            f"({which}): the polynomial's error would be the same for every n, so n enters the result wrongly. "
+            "2^n multiplies p(f) when n << 23 (the exponent field starts at bit 23) is added to the int32 bits of "
+            "p(f): check the shift, the cast of n to int32 (an int8 or int16 field wraps), and that the polynomial "
+            "is evaluated at f, not at x")
+
+
+def _wholes(vals: list) -> str:
+    """Whole numbers for a message: a few listed, a run as 'a to b', else how many and their span."""
+    if len(vals) <= 4:
+        return ", ".join(f"{v:g}" for v in vals)
+    run = vals[-1] - vals[0] + 1 == len(vals)
+    return f"{vals[0]:g} to {vals[-1]:g}" if run else f"{len(vals)} values from {vals[0]:g} to {vals[-1]:g}"
+
+
+def _told_polynomial(x, y, where) -> str | None:
+    """What is wrong with the student's polynomial, from its values: p(f) = y / 2^n is recovered where ``where``
+    and, when it is a cubic in f, its coefficients are compared with a fit's and Taylor's."""
+    xs, ys = x[where].detach().double().cpu(), y[where].detach().double().cpu()
+    n = torch.floor(xs)
+    f = xs - n
+    if (f * 16).floor().unique().numel() < 8:
+        return None                                      # too few fractions to tell one cubic from another
+    w = torch.exp2(-f)                                   # weights: the relative error
+    A = torch.stack([torch.ones_like(f), f, f * f, f * f * f], 1) * w[:, None]
+    c = torch.linalg.lstsq(A, (ys * torch.exp2(-n) * w)[:, None]).solution[:, 0]
+    if float((A @ c - ys * torch.exp2(-n) * w).abs().max()) > 1e-5:
+        return None                                      # not a cubic in f: nothing more to say from its values
+    c0, *cs = c.tolist()
+    said = f"Your function evaluates p(f) = {c0:.4g} + {cs[0]:.4g} f + {cs[1]:.4g} f^2 + {cs[2]:.4g} f^3"
+    near = lambda a, b, tol: all(abs(u - v) <= tol for u, v in zip(a, b))    # noqa: E731
+    fit = ", ".join(f"{v:.4g}" for v in _FITTED)
+    if abs(c0 - 1) > 1e-3:
+        return f"{said}: its constant term must be 1 (p(0) = 2^0; then whole numbers come out exact)"
+    if near(cs[::-1], _FITTED, 0.01):
+        return (f"{said}: the coefficients of a fit (about {fit} for c1, c2, c3) in reverse order. Horner's rule "
+                "starts from the highest degree: p = ((c3 f + c2) f + c1) f + 1")
+    if near(cs, _TAYLOR, 0.005):
+        return (f"{said}: Taylor's coefficients at 0 (or a fit on [-1/2, 1/2], which is close to them), exact at "
+                f"f = 0 and worst at f = 1. Fit over [0, 1] (about {fit}), or take n = round(x) for a centred fit")
+    return f"{said}; a least-squares fit of 2^f over [0, 1] gives about c = ({fit}): refit, or raise the degree"
 
 
 def check_exp2_result(y, x, *, tag: str) -> float:
@@ -214,13 +297,19 @@ def check_exp2_fn(fn, case: str = "softmax", *, seed: int | None = None, device=
 
 
 # ----------------------------------------------------------------------------- lazy_rescale_update
+#: A threshold converted as if it were in natural-log units: the bug's name -> the factor it picked up
+_UNIT_SLIPS = {"threshold_ln2": math.log(2), "threshold_log2e": math.log2(math.e)}
+
+
 def lazy_step(m, l, acc, s, v, threshold: float, bug: str | None = None):
     """One tile of the conditional-rescale update in float64 from a state (the reference), or with a
     classic ``bug``: "eager" (m follows every growth), "at_threshold" (moves when the growth equals the
-    threshold), "natural" (exp instead of exp2), "no_alpha_l", "no_alpha_acc", "alpha_sign"."""
+    threshold), "threshold_ln2" and "threshold_log2e" (the threshold converted between bases), "natural"
+    (exp instead of exp2), "no_alpha_l", "no_alpha_acc", "no_alpha" (neither rescaled), "alpha_sign",
+    "p_old_m" (P from the maximum before the update)."""
     m, l, acc, s, v = (t.detach().to(torch.float64) for t in (m, l, acc, s, v))
     rowmax = s.amax(-1)
-    grows = rowmax > m + threshold
+    grows = rowmax > m + threshold * _UNIT_SLIPS.get(bug, 1.0)
     if bug == "eager":
         grows = rowmax > m
     elif bug == "at_threshold":
@@ -228,11 +317,12 @@ def lazy_step(m, l, acc, s, v, threshold: float, bug: str | None = None):
     m_new = torch.where(grows, rowmax, m)
     base = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)       # a row with no score yet
     exp = torch.exp if bug == "natural" else torch.exp2
-    p = exp(s - base[:, None])
+    before = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    p = exp(s - (before if bug == "p_old_m" else base)[:, None])
     old = torch.where(torch.isneginf(m), torch.full_like(m, -math.inf), m - base)
     alpha = exp(-old if bug == "alpha_sign" else old)
-    l_new = (l if bug == "no_alpha_l" else alpha * l) + p.sum(-1)
-    acc_new = (acc if bug == "no_alpha_acc" else alpha[:, None] * acc) + p @ v
+    l_new = (l if bug in ("no_alpha_l", "no_alpha") else alpha * l) + p.sum(-1)
+    acc_new = (acc if bug in ("no_alpha_acc", "no_alpha") else alpha[:, None] * acc) + p @ v
     return m_new, l_new, acc_new, alpha[:, None] * acc.abs() + p @ v.abs()
 
 
@@ -254,11 +344,15 @@ def rescale_inputs(case: str, seed: int, device=None):
         R, N, T = 48, 64, 10
         s = torch.randn(R, N * T, generator=g) - 30.0
         # each tile's row maximum (plus a quarter per row class): at threshold 8 it stays, stays at exactly
-        # m + 8, moves, moves, moves, falls, stays, stays at exactly m + 8, moves; at threshold 2 as the rule says
+        # m + 8, moves, moves, moves, falls, stays, stays at exactly m + 8, moves; at threshold 2 as the rule says.
+        # Tile 1 grows the rows of six classes by 1, 4, 6, 8, 9 and 12: each misreading of the rule (every
+        # growth, >=, tau times ln 2 or log2 e, never) moves another set of rows there
         top = torch.tensor([2.0, 3.0, 10.0, 10.5, 19.5, 60.0, 57.0, 62.0, 68.0, 68.25])
         cols = torch.randint(0, N, (R, T), generator=g)
+        rows = torch.arange(R)
         for t in range(T):
-            s[torch.arange(R), t * N + cols[:, t]] = top[t] + (torch.arange(R) % 4) * 0.25
+            tops = 2.0 + torch.tensor([1.0, 4.0, 6.0, 8.0, 9.0, 12.0])[rows % 6] if t == 1 else top[t]
+            s[rows, t * N + cols[:, t]] = tops + (rows % 4) * 0.25
         thresholds = (8.0, 2.0)
     else:
         R, N, T = 64, 96, 6
@@ -279,6 +373,10 @@ _M_BUGS = {   # the more specific first: where the maximum grows by exactly the 
     "eager": "m moved although the tile's row maximum passed it by no more than the threshold: the update keeps the "
              "old maximum unless max_j s_ij > m_i + threshold (FA4 skips the rescale while P stays below "
              "2^threshold); here m follows every growth, as the online softmax of steps 03-05 does",
+    **{bug: f"m moves as if the threshold were threshold x {name}: it was converted as if it were in natural-log "
+            "units. It is in base 2, like the scores (log2(e) and the scale are folded into s): compare "
+            "max_j s_ij > m_i + threshold as given"
+       for bug, name in (("threshold_ln2", "ln 2"), ("threshold_log2e", "log2(e)"))},
 }
 _STATE_BUGS = {   # bug -> (cause, the outputs it breaks)
     "natural": ("the scores are in base 2 (log2(e) is folded into them): P = 2^(s - m) and alpha = 2^(m_old - "
@@ -288,11 +386,22 @@ _STATE_BUGS = {   # bug -> (cause, the outputs it breaks)
     "no_alpha_acc": ("acc was not rescaled when m moved: acc = alpha * acc + P V with alpha = 2^(m_old - m_new)",
                      {"acc"}),
     "alpha_sign": ("the rescale has the wrong sign: alpha = 2^(m_old - m_new) (<= 1 when m grows)", {"l", "acc"}),
+    "no_alpha": ("neither l nor acc was rescaled when m moved: l = alpha * l + sum_j P_ij and acc = alpha * acc + "
+                 "P V, with alpha = 2^(m_old - m_new)", {"l", "acc"}),
+    "p_old_m": ("P was computed from the old m: P = 2^(s - m_new), from the maximum after this tile's update (the "
+                "old one enters only alpha = 2^(m_old - m_new))", {"l", "acc"}),
 }
 
 
 def _rows(mask: torch.Tensor) -> str:
     return describe_rows(mask.reshape(-1), ("rows",))
+
+
+def _same_m(a: torch.Tensor, b: torch.Tensor, before: torch.Tensor) -> bool:
+    """Every row's m the same, and some seen row moved (a mistake must explain the rows kept too, and one that
+    moves no row here cannot be told from an update that never moves m)."""
+    moved = bool(((a != before) & torch.isfinite(before)).any())
+    return moved and bool(((a == b) | (torch.isneginf(a) & torch.isneginf(b))).all())
 
 
 def _judge_step(state, got, s, v, threshold, tag):
@@ -307,9 +416,8 @@ def _judge_step(state, got, s, v, threshold, tag):
             cause = ("NaN in m: a row with no finite score yet has m = -inf, and m + threshold or a max with NaN "
                      "poisons it; keep m = -inf until a finite score comes")
         else:
-            cause = next((text for bug, text in _M_BUGS.items()
-                          if bool((lazy_step(m0, l0, acc0, s, v, threshold, bug)[0][m_bad] == m[m_bad]).all())),
-                         None)
+            cause = next((text for bug, text in _M_BUGS.items() if _same_m(lazy_step(m0, l0, acc0, s, v, threshold,
+                                                                                     bug)[0], m, m0)), None)
             if cause is None and bool((m[m_bad] == m0.double()[m_bad]).all()):
                 cause = ("m stayed where the tile's row maximum passed it by more than the threshold: then the "
                          "rescale is due, m = max_j s_ij (else P = 2^(s - m) grows past 2^threshold and overflows)")
@@ -333,8 +441,8 @@ def _judge_step(state, got, s, v, threshold, tag):
         cause = ("NaN in a row that has seen no finite score: m = -inf there, and s - m = -inf - (-inf) = NaN. "
                  "Use 0 in place of m while it is -inf (P = 0, l and acc stay 0)")
     else:
-        def tol(name, alt):
-            return float((tol_l if name == "l" else tol_acc).max())
+        def tol(name, alt):     # at the reference's size or, where a mistake makes them larger, at the mistake's
+            return max(float((tol_l if name == "l" else tol_acc).max()), RESCALE_BOUND * float(alt.abs().max()))
         mistakes = [Mistake(text, lambda bug=bug: dict(zip(("m", "l", "acc"),
                                                             lazy_step(m0, l0, acc0, s, v, threshold, bug)[:3])),
                             frozenset(breaks))
