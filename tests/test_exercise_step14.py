@@ -224,6 +224,16 @@ def test_the_guard_lets_the_polynomial_and_the_bits_through():
     assert torch.equal(forbid_exponentials(polynomial)(x), (0.25 * x + 0.5) * x + 1.0)
 
 
+def test_a_table_of_powers_built_in_the_call_is_refused():
+    """Powers computed by Python inside the call (no value of x taken out) still reach PyTorch as a table."""
+    def inner_table(x):
+        table = torch.tensor([2.0 ** (i / 4096) for i in range(4097)])
+        n = torch.floor(x)
+        return (table[((x - n) * 4096).round().long()].view(torch.int32) + (n.to(torch.int32) << 23)).view(torch.float32)
+    with pytest.raises(CheatDetected, match="4097 values that it did not compute"):
+        forbid_exponentials(inner_table)(torch.linspace(-3, 3, 101))
+
+
 @pytest.mark.gpu
 def test_the_solution_and_the_guard_on_a_gpu():
     """The contract says any device: the checks draw their inputs on the GPU, the solution passes there, and
