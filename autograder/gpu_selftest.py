@@ -335,28 +335,24 @@ def _step11(expect, J):
            lambda t, v: v.points == 0 and "top-left" in v.message)
 
 
-#: Steps 13-15: the solution cells each exercise module runs, and the entry point of each check (the function
-#: the hidden cells of the tests whose checks are of that name pass to the judge).
-_CELLS = {"13": (("imports", "records", "occupancy", "roofline_point"),
-                 {"occupancy": "occupancy", "roofline": "roofline_point"}),
-          "14": (("imports", "exp2_coefficients", "exp2_fit", "exp2_poly", "lazy_rescale_update"),
-                 {"exp2": "exp2_poly", "rescale": "lazy_rescale_update"}),
-          "15": (("setup", "kv_offsets", "kernel", "launch"),
-                 {"varlen": "varlen_attention", "paged_prefill": "paged_prefill"})}
+#: Steps 13-15: the cells each exercise's solution module runs (given and solution cells, in order)
+_CELLS = {"13": ("imports", "records", "occupancy", "roofline_point"),
+          "14": ("imports", "exp2_coefficients", "exp2_fit", "exp2_poly", "lazy_rescale_update"),
+          "15": ("setup", "kv_offsets", "kernel", "launch")}
 
 
 def _steps13_15(expect, J, parts):
-    """Each exercise's solution on every test, test by test with its entry point; one cheat a guard refuses
-    in steps 14 and 15."""
-    from facourse.steps import exercise_module, load_step
+    """Each exercise's solution on every test, each test given the function its hidden cell passes; one cheat a
+    guard refuses in steps 14 and 15."""
+    from facourse.steps import exercise_module, hidden_entries, load_step
 
     for step in sorted(parts & set(_CELLS)):
-        cells, entry = _CELLS[step]
-        sol = exercise_module(step, cells)
+        sol = exercise_module(step, _CELLS[step])
         assignment = load_step(step)["step"]["notebook"].removesuffix(".ipynb")
-        plan = J.plan_of(assignment)
-        for check, fn in entry.items():
-            tests = [t for t, spec in plan.items() if spec.checks[0].name == check]
+        by_entry: dict[str, list] = {}
+        for test, fn in hidden_entries(step).items():
+            by_entry.setdefault(fn, []).append(test)
+        for fn, tests in by_entry.items():
             expect(f"step {step} solution", J.run_inprocess(assignment, getattr(sol, fn), tests), _full_marks)
         if step == "14":
             expect("step 14 torch.exp2", J.run_inprocess(assignment, torch.exp2, ["test_exp2_softmax"]),

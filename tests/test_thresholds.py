@@ -89,14 +89,10 @@ def test_a_printed_row_is_read_back(tmp_path):
 
 
 @pytest.mark.parametrize("step", sorted(gpu_selftest._CELLS))
-def test_the_self_test_gives_every_test_of_steps_13_to_15_its_entry_point(step):
-    """Each of the step's tests goes to the function its hidden cell passes, and every test is run."""
-    from facourse.steps import exercise_source, load_step
-    cells, entry = gpu_selftest._CELLS[step]
-    assignment = load_step(step)["step"]["notebook"].removesuffix(".ipynb")
-    assert {spec.checks[0].name for spec in plan_of(assignment).values()} == set(entry)
-    twin = (ROOT / "solutions" / assignment / f"{assignment}.pct.py").read_text()
-    for test, spec in plan_of(assignment).items():
-        assert f'judge("{test}", {entry[spec.checks[0].name]})' in twin, test
-    src = exercise_source(step, cells)
-    assert all(f"def {fn}(" in src for fn in entry.values())
+def test_the_self_test_runs_every_test_of_steps_13_to_15(step):
+    """Every test of the plan has a hidden cell, and the self-test's cells define each function those cells pass."""
+    from facourse.steps import exercise_source, hidden_entries, load_step
+    entries = hidden_entries(step)
+    assert set(entries) == set(plan_of(load_step(step)["step"]["notebook"].removesuffix(".ipynb")))
+    src = exercise_source(step, gpu_selftest._CELLS[step])
+    assert all(f"def {fn}(" in src for fn in set(entries.values()))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import linecache
+import re
 import tomllib
 import types
 from pathlib import Path
@@ -85,6 +86,12 @@ def exercise_source(step: str | int, names: tuple[str, ...], text: str | None = 
     if set(names) - found:
         raise LookupError(f"{twin.name} has no code cell {sorted(set(names) - found)}")
     return "\n\n".join(out)
+
+
+def hidden_entries(step: str | int) -> dict[str, str]:
+    """test -> the name of the function its hidden cell hands the judge (``judge("test_x", fn)`` in the twin)."""
+    twin = step_dir(step) / load_step(step)["step"]["notebook"].replace(".ipynb", ".pct.py")
+    return dict(re.findall(r'judge\("(\w+)", (\w+)\)', twin.read_text(encoding="utf-8")))
 
 
 @functools.lru_cache(maxsize=None)
