@@ -220,7 +220,7 @@ def solution_and_stub(step: str, max_points: float, gpu_only: set, gpu_points: f
 _PLANTED_RUNNER = """
 import json, sys
 sys.path[:0] = [{src!r}, {root!r}]
-step, code, bugs, entries, tests_of = json.loads(open(sys.argv[1]).read())
+step, code, bugs, entries, tests_of, fresh = json.loads(open(sys.argv[1]).read())
 from autograder.judge import run_inprocess
 for bug, cells in bugs.items():
     scope = {{}}
@@ -232,7 +232,8 @@ for bug, cells in bugs.items():
     out, tests = {{}}, tests_of[bug]
     for entry in dict.fromkeys(entries[t] for t in tests):
         fn = scope.get(entry, lambda *a, **k: (_ for _ in ()).throw(NameError(entry)))
-        for test, v in run_inprocess(step, fn, [t for t in tests if entries[t] == entry]).items():
+        key = None if fresh else ("planted:" + bug).encode()      # the bug's own seeds: one verdict every run
+        for test, v in run_inprocess(step, fn, [t for t in tests if entries[t] == entry], seed_key=key).items():
             out[test] = {{"points": v.points, "max": v.max_points, "message": v.message}}
     print(json.dumps({{"bug": bug, "verdicts": out}}), flush=True)
 """
@@ -254,7 +255,9 @@ def planted_verdicts(tmp_path: Path, step: str, given: tuple, bugs: dict, tests=
     (its ``given`` code cells and every solution cell, in order), graded through the judge on ``tests``
     (a list, or {bug: list}; default: every hidden test) as the hidden cells call it: ``{bug: {test:
     {"points", "max", "message"}}}``. One subprocess for all of them (Triton's interpreter must be chosen before triton
-    is imported), in place of one nbgrader process per bug."""
+    is imported), in place of one nbgrader process per bug. Each bug's inputs are drawn from seeds of its name, as a
+    regrade draws a submission's, so a run's verdicts are every run's; FACOURSE_PLANTED_SEEDS=fresh draws new ones
+    (a sweep for diagnoses that hold on some seeds only)."""
     import subprocess
 
     solution = solution_code(step)
@@ -268,7 +271,8 @@ def planted_verdicts(tmp_path: Path, step: str, given: tuple, bugs: dict, tests=
         assert set(cells) <= set(solution), f"{bug}: {set(cells) - set(solution)} is no solution cell"
     entries = hidden_entries(step)
     tests_of = tests if isinstance(tests, dict) else {bug: list(tests or entries) for bug in bugs}
-    (tmp_path / "in.json").write_text(json.dumps([step, code, bugs, entries, tests_of]))
+    fresh = os.environ.get("FACOURSE_PLANTED_SEEDS") == "fresh"
+    (tmp_path / "in.json").write_text(json.dumps([step, code, bugs, entries, tests_of, fresh]))
     runner = tmp_path / "run.py"
     runner.write_text(_PLANTED_RUNNER.format(src=str(ROOT / "src"), root=str(ROOT)))
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", FIB_CACHE_PATH=str(tmp_path / "fib_cache"))
