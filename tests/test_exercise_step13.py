@@ -176,11 +176,18 @@ def test_every_occupancy_mistake_is_caught_and_named_on_any_seed(bug):
 @pytest.mark.parametrize("bug", ["rate_as_bytes", "roof_max", "executed", "useful_inverse", "ns_as_us", "ns_as_s",
                                  "gbps_as_bytes", "gbps_as_tbps", "flop_per_second", "roof_flops", "work_doubled",
                                  "useful_half", "bound_swapped"])
-def test_every_roofline_mistake_is_caught_and_named(bug):
-    for case in ("records", "random"):
-        with pytest.raises(ProfilingCheckError, match="likely cause") as err:
-            check_roofline_fn(lambda k, r: P.roofline_reference(k, r, bug=bug), case, seed=3, verbose=False)
-        assert P.ROOFLINE_MISTAKES[bug][:40] in str(err.value)
+def test_every_roofline_mistake_is_caught_and_named_on_any_seed(bug):
+    def other_side(k, r):               # the same mistake, its kernel at the ridge rounded to the compute side
+        i, t, roof_t, bound, u = P.roofline_reference(k, r, bug=bug)
+        at_ridge = math.isfinite(i) and abs(i * r["gbps"] / 1e3 - r["tflops"]) <= 1e-9 * r["tflops"]
+        return i, t, roof_t, "compute" if at_ridge else bound, u
+
+    for fn in (lambda k, r: P.roofline_reference(k, r, bug=bug), other_side):
+        for case in ("records", "random", "edges"):
+            for seed in range(12):
+                with pytest.raises(ProfilingCheckError, match="likely cause") as err:
+                    check_roofline_fn(fn, case, seed=seed, verbose=False)
+                assert P.ROOFLINE_MISTAKES[bug][:40] in str(err.value), str(err.value)
 
 
 def test_no_dram_traffic_read_as_zero_intensity_is_named():
