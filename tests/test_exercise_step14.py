@@ -16,7 +16,7 @@ import torch
 from conftest import assert_planted, planted_verdicts, solution_and_stub, solution_code
 from autograder.guards import CheatDetected, forbid_exponentials
 from facourse import FA4CheckError, check_exp2_fn, check_rescale_fn
-from facourse.fa4 import EXP2_CASES, RESCALE_CASES
+from facourse.fa4 import EXP2_CASES, RESCALE_CASES, rescale_inputs
 
 A14 = "14_after_hopper"
 GIVEN = ("imports", "exp2_fit")
@@ -168,6 +168,35 @@ def test_wrong_results_are_told_apart():
     says(check_exp2_fn, scaled, "edges", "overflows")
     says(check_exp2_fn, lambda x: exp2(x.clamp(max=64.0)), "edges", "x is clamped from above")
     says(check_exp2_fn, lambda x: exp2(x.clamp(min=-126.0)), "softmax", "the clamp from below keeps 2^x")
+
+
+def _update_with(old: str, new: str):
+    code = solution_code(A14)
+    scope = {"torch": torch, "math": math}
+    exec(_mutate(code["lazy_rescale_update"], old, new), scope)   # noqa: S102
+    return scope["lazy_rescale_update"]
+
+
+def test_the_random_cases_hold_no_tie_at_the_threshold():
+    """Seed 189 once drew, in the random case, a row whose m (11.165078) plus 8 rounds in float32 onto the next
+    tile's maximum (19.165077, half an ulp below the exact sum): ``rowmax >= m + threshold`` moved m there and lost
+    test_rescale_random, no cause named, though a tie is test_rescale_growing's to test (and a sum that rounds
+    the other way would fail a right float32 update against the float64 rule). The random, eager and masked cases
+    keep every tile's row maximum clear of an earlier tile's plus the threshold, in float32 and float64 alike."""
+    at_threshold = _update_with("rowmax > m + threshold", "rowmax >= m + threshold")
+    for case in ("random", "eager", "masked"):
+        check_rescale_fn(at_threshold, case, seed=189, verbose=False)
+        tiles, _, thresholds = rescale_inputs(case, 189)
+        maxima = torch.stack([s.amax(-1) for s, _ in tiles], 1)                   # [R, T], float32
+        for t in thresholds:
+            for j in range(1, maxima.shape[1]):
+                r, m = maxima[:, j:j + 1], maxima[:, :j]
+                seen = torch.isfinite(r) & torch.isfinite(m)
+                assert not bool(((r == m + t) & seen).any()), (case, t, j)          # float32
+                assert not bool(((r.double() == m.double() + t) & seen).any()), (case, t, j)
+                assert bool(((r > m + t) == (r.double() > m.double() + t))[seen].all()), (case, t, j)
+    with pytest.raises(FA4CheckError, match="strictly greater"):
+        check_rescale_fn(at_threshold, "growing", seed=189, verbose=False)
 
 
 # ----------------------------------------------------------------------------- the guard
