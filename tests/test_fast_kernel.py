@@ -59,6 +59,16 @@ def _probe(kc) -> dict:
     return json.loads(text)
 
 
+def _reply(kc, msg_id: str, timeout: float) -> dict:
+    """The shell reply to ``msg_id``: on a slow machine wait_for_ready asks kernel_info more than once, and the
+    replies it did not wait for are still queued ahead of it."""
+    end = time.time() + timeout
+    while True:
+        msg = kc.get_shell_msg(timeout=max(end - time.time(), 0.1))
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg["content"]
+
+
 def _stop(km, kc) -> None:
     kc.stop_channels()
     km.shutdown_kernel(now=True)
@@ -108,11 +118,11 @@ def test_torch_is_loaded_with_the_kernels_thread_settings(specs, tmp_path):
 def test_interrupt_exit_code_and_kill_reach_the_forked_kernel(specs, tmp_path):
     km, kc = _kernel(specs[0], tmp_path)
     try:
-        kc.execute("import time; time.sleep(60)", stop_on_error=False)   # else ipykernel may abort the next request
+        sent = kc.execute("import time; time.sleep(60)", stop_on_error=False)   # else ipykernel may abort the next
         time.sleep(1.0)
         t0 = time.time()
         km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=30)["content"]
+        reply = _reply(kc, sent, 30)
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
         assert time.time() - t0 < 20
         kernel = _probe(kc)["pid"]
